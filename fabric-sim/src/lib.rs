@@ -1,0 +1,914 @@
+//! A deterministic, in-process simulator of `nuvec-distributed`'s [`Fabric`].
+//!
+//! All ranks of a job run in one process, each on its own thread, but **only one runs at a
+//! time**: when the running rank blocks in the fabric (or finishes), a scheduler driven by one
+//! seeded generator ([`ChaCha8Rng`]) chooses which rank runs next, or, when none can, advances
+//! **virtual time** to the next event. Ordinary blocking algorithm code therefore runs
+//! deterministically: the same seed gives the same interleaving, the same fragment sizes, the
+//! same latencies and faults, and the same [trace hash](Report::trace_hash). A 30 s timeout
+//! takes microseconds.
+//!
+//! The network model, per directed channel (one direction of one connection of a
+//! [`Wiring`]):
+//!
+//! - **stream semantics**: the sender's bytes are cut into fragments of random sizes and
+//!   delivered in order; a receive completes with exactly the bytes it asked for;
+//! - **flow control**: at most [`Sim::window`] bytes are in flight or unread per direction, as a
+//!   socket buffer, so a rank that sends without receiving blocks as it would on TCP;
+//! - **latency, jitter and bandwidth** per fragment; channels are independent, so bytes of
+//!   different channels arrive in an order the seed chooses;
+//! - **faults** ([`Fault`]): a rank crashes (its connections close), stalls for a while (it is
+//!   not scheduled; its peers see silence), or a link is cut (both directions close).
+//!
+//! [`Sim::run`] runs a closure per rank, hands each its [`SimFabric`], and returns every rank's
+//! [`Outcome`] with the trace hash and, on request, every byte each channel carried (to compare
+//! the wire against an independent model of MLX's protocol). When a property fails, print
+//! [`Report::replay`]: the seed replays the same run.
+
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::cmp::Reverse;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use nuvec_distributed::fabric::{
+    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Wiring,
+};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// The environment variable that overrides the seed of every [`Sim`] (to replay a failure).
+pub const SEED_VAR: &str = "NUVEC_SIM_SEED";
+
+/// A fault injected into a simulated run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// `rank` crashes when it makes its `call`-th fabric call (counting from 0): that call
+    /// and every later one fail, and all its connections close.
+    Crash {
+        /// The rank that crashes.
+        rank: usize,
+        /// The index of the fabric call at which it crashes.
+        call: u64,
+    },
+    /// `rank` crashes at virtual time `at`.
+    CrashAt {
+        /// The rank that crashes.
+        rank: usize,
+        /// When.
+        at: Duration,
+    },
+    /// `rank` is not scheduled from `at` for `duration` (its connections stay open).
+    Stall {
+        /// The rank that stalls.
+        rank: usize,
+        /// When it stops.
+        at: Duration,
+        /// For how long.
+        duration: Duration,
+    },
+    /// The connection at `rank`'s channel `channel` is cut at `at`: both directions close
+    /// and bytes in flight are lost.
+    Cut {
+        /// One end of the connection.
+        rank: usize,
+        /// That end's channel.
+        channel: Channel,
+        /// When.
+        at: Duration,
+    },
+}
+
+/// A simulated job: its size, wiring, network model, faults and seed.
+#[derive(Clone, Debug)]
+pub struct Sim {
+    wiring: Wiring,
+    seed: u64,
+    latency: Duration,
+    jitter: Duration,
+    bytes_per_sec: u64,
+    max_fragment: usize,
+    window: usize,
+    faults: Vec<Fault>,
+    record_wire: bool,
+}
+
+impl Sim {
+    /// A job of `ranks` ranks in MLX's ring with one connection per neighbour, seed 0 (or
+    /// [`SEED_VAR`]), 5 µs ± 5 µs latency, 10 GB/s, fragments up to 64 KiB, 256 KiB windows.
+    pub fn ring(ranks: usize, links: usize) -> Self {
+        Self::new(Wiring::ring(ranks, links))
+    }
+
+    /// A job over any wiring.
+    pub fn new(wiring: Wiring) -> Self {
+        Self {
+            wiring,
+            seed: 0,
+            latency: Duration::from_micros(5),
+            jitter: Duration::from_micros(5),
+            bytes_per_sec: 10_000_000_000,
+            max_fragment: 64 * 1024,
+            window: 256 * 1024,
+            faults: Vec::new(),
+            record_wire: false,
+        }
+    }
+
+    /// The seed that fixes every choice (overridden by [`SEED_VAR`] when it is set).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The seed in effect: [`SEED_VAR`] if set and valid, else the configured one.
+    pub fn effective_seed(&self) -> u64 {
+        std::env::var(SEED_VAR)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(self.seed)
+    }
+
+    /// Base one-way latency and uniform jitter added to it per fragment.
+    pub fn latency(mut self, latency: Duration, jitter: Duration) -> Self {
+        self.latency = latency;
+        self.jitter = jitter;
+        self
+    }
+
+    /// Bandwidth of each direction of each connection, in bytes per second.
+    pub fn bandwidth(mut self, bytes_per_sec: u64) -> Self {
+        self.bytes_per_sec = bytes_per_sec.max(1);
+        self
+    }
+
+    /// The largest fragment (sizes are drawn uniformly from `1..=max`).
+    pub fn max_fragment(mut self, max: usize) -> Self {
+        self.max_fragment = max.max(1);
+        self
+    }
+
+    /// Bytes in flight or unread allowed per direction (the socket buffer).
+    pub fn window(mut self, bytes: usize) -> Self {
+        self.window = bytes.max(1);
+        self
+    }
+
+    /// Adds a fault.
+    pub fn fault(mut self, fault: Fault) -> Self {
+        self.faults.push(fault);
+        self
+    }
+
+    /// Records every byte each channel direction carried into [`Report::wire`].
+    pub fn record_wire(mut self, on: bool) -> Self {
+        self.record_wire = on;
+        self
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.wiring.size()
+    }
+
+    /// Runs `body` on every rank at once, each with its fabric, and reports every outcome.
+    pub fn run<T, F>(&self, body: F) -> Report<T>
+    where
+        T: Send,
+        F: Fn(SimFabric) -> T + Sync,
+    {
+        let seed = self.effective_seed();
+        let shared = Arc::new(Shared {
+            world: Mutex::new(World::new(self, seed)),
+            turn: Condvar::new(),
+        });
+        let size = self.size();
+        let outcomes: Vec<Outcome<T>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..size)
+                .map(|rank| {
+                    let shared = Arc::clone(&shared);
+                    let body = &body;
+                    scope.spawn(move || {
+                        shared.wait_turn(rank);
+                        let fabric = SimFabric {
+                            shared: Arc::clone(&shared),
+                            rank,
+                            size,
+                            links: (0..size)
+                                .map(|p| shared.lock().wiring.links(rank, p))
+                                .collect(),
+                        };
+                        let result = catch_unwind(AssertUnwindSafe(|| body(fabric)));
+                        let crashed = shared.finish(rank);
+                        match result {
+                            Ok(_) if crashed => Outcome::Crashed,
+                            Ok(value) => Outcome::Returned(value),
+                            Err(panic) => Outcome::Panicked(panic_text(&panic)),
+                        }
+                    })
+                })
+                .collect();
+            shared.start();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|p| Outcome::Panicked(panic_text(&p)))
+                })
+                .collect()
+        });
+        let world = shared.lock();
+        Report {
+            outcomes,
+            seed,
+            trace_hash: world.trace,
+            end: world.now,
+            wire: world
+                .channels
+                .iter()
+                .filter(|(_, w)| !w.record.is_empty())
+                .map(|(&key, w)| (key, w.record.clone()))
+                .collect(),
+        }
+    }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
+        .unwrap_or_else(|| "a panic".into())
+}
+
+/// How one rank's run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The closure returned this.
+    Returned(T),
+    /// The rank crashed (an injected fault); what its closure returned is dropped.
+    Crashed,
+    /// The closure panicked with this message.
+    Panicked(String),
+}
+
+impl<T> Outcome<T> {
+    /// The returned value, if any.
+    pub fn returned(self) -> Option<T> {
+        match self {
+            Outcome::Returned(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// What a simulated run produced.
+#[derive(Debug)]
+pub struct Report<T> {
+    /// Every rank's outcome, in rank order.
+    pub outcomes: Vec<Outcome<T>>,
+    /// The seed that was used.
+    pub seed: u64,
+    /// A hash of every scheduling decision and transfer: equal seeds give equal hashes.
+    pub trace_hash: u64,
+    /// Virtual time at the end.
+    pub end: Duration,
+    /// With [`Sim::record_wire`]: every byte sent, per `(sender, sender's channel)`.
+    pub wire: BTreeMap<(usize, Channel), Vec<u8>>,
+}
+
+impl<T> Report<T> {
+    /// The command-line fragment that replays this run: set the seed variable.
+    pub fn replay(&self) -> String {
+        format!("{SEED_VAR}={}", self.seed)
+    }
+}
+
+/// One rank's fabric in a simulated job.
+pub struct SimFabric {
+    shared: Arc<Shared>,
+    rank: usize,
+    size: usize,
+    links: Vec<usize>,
+}
+
+impl std::fmt::Debug for SimFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SimFabric(rank {} of {})", self.rank, self.size)
+    }
+}
+
+impl Fabric for SimFabric {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn kind(&self) -> ChannelKind {
+        ChannelKind::Stream
+    }
+
+    fn links(&self, peer: usize) -> usize {
+        self.links.get(peer).copied().unwrap_or(0)
+    }
+
+    fn now(&self) -> Duration {
+        self.shared.lock().now
+    }
+
+    fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+        self.shared.run(self.rank, step, deadline)
+    }
+}
+
+struct Shared {
+    world: Mutex<World>,
+    turn: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Blocks the calling rank thread until the scheduler gives it the turn.
+    fn wait_turn(&self, rank: usize) {
+        let mut world = self.lock();
+        while world.turn != Some(rank) {
+            world = self.turn.wait(world).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Gives the first turn.
+    fn start(&self) {
+        let mut world = self.lock();
+        world.schedule();
+        self.turn.notify_all();
+    }
+
+    /// Marks `rank` finished and passes the turn on; says whether it had crashed.
+    fn finish(&self, rank: usize) -> bool {
+        let mut world = self.lock();
+        let crashed = world.ranks[rank].state == RankState::Crashed;
+        if !crashed {
+            world.ranks[rank].state = RankState::Done;
+            world.close_rank(rank);
+        }
+        world.hash(&[9, rank as u64]);
+        world.schedule();
+        self.turn.notify_all();
+        crashed
+    }
+
+    /// Hands the turn to the scheduler and waits to get it back.
+    fn yield_turn<'a>(&'a self, mut world: MutexGuard<'a, World>, rank: usize) -> MutexGuard<'a, World> {
+        world.schedule();
+        self.turn.notify_all();
+        while world.turn != Some(rank) {
+            world = self.turn.wait(world).unwrap_or_else(PoisonError::into_inner);
+        }
+        world
+    }
+
+    fn run(&self, rank: usize, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+        let mut world = self.lock();
+        let call = world.ranks[rank].calls;
+        world.ranks[rank].calls += 1;
+        if world
+            .crash_calls
+            .iter()
+            .any(|&(r, c)| r == rank && c == call)
+        {
+            world.crash(rank);
+        }
+        let started = world.now;
+        let mut progress: Vec<Progress> = Vec::with_capacity(step.len());
+        for t in step.iter() {
+            let channel = t.channel();
+            let valid = channel.peer < world.size()
+                && channel.link < world.wiring.links(rank, channel.peer);
+            if !valid {
+                return Err(FabricError {
+                    channel,
+                    direction: t.direction(),
+                    done: 0,
+                    total: t.len(),
+                    kind: FailureKind::Invalid(format!("rank {rank} has no channel {channel}")),
+                });
+            }
+            if let Transfer::Recv { landing, .. } = t {
+                if landing.len() % landing.grain() != 0 {
+                    return Err(FabricError {
+                        channel,
+                        direction: Direction::Recv,
+                        done: 0,
+                        total: landing.len(),
+                        kind: FailureKind::Invalid(format!(
+                            "{} bytes is not a multiple of the grain {}",
+                            landing.len(),
+                            landing.grain()
+                        )),
+                    });
+                }
+            }
+            progress.push(Progress { done: 0, mark: 0 });
+        }
+        // Queue the sends: the simulator copies them into the channel's outbox.
+        for (t, p) in step.iter().zip(progress.iter_mut()) {
+            if let Transfer::Send { channel, data } = t {
+                let chan = world.channel_mut(rank, *channel);
+                chan.outbox.extend(data.iter().copied());
+                chan.queued += data.len() as u64;
+                p.mark = chan.queued;
+                let h = fnv(data);
+                world.hash(&[1, rank as u64, channel.peer as u64, channel.link as u64, data.len() as u64, h]);
+            }
+        }
+        world.pump_all();
+        loop {
+            if world.ranks[rank].state == RankState::Crashed {
+                return Err(match step.first() {
+                    Some(t) => fail(t, 0, FailureKind::Crashed),
+                    None => FabricError {
+                        channel: Channel::new(rank, 0),
+                        direction: Direction::Send,
+                        done: 0,
+                        total: 0,
+                        kind: FailureKind::Crashed,
+                    },
+                });
+            }
+            // Take what has arrived for the receives, in order per channel.
+            let mut blocked_recv: Vec<Channel> = Vec::new();
+            let mut all_done = true;
+            for (t, p) in step.iter_mut().zip(progress.iter_mut()) {
+                match t {
+                    Transfer::Send { channel, data } => {
+                        let chan = world.channel(rank, *channel);
+                        if chan.sent < p.mark {
+                            all_done = false;
+                            if chan.closed {
+                                let done = data.len() - (p.mark - chan.sent) as usize;
+                                return Err(fail(t, done, FailureKind::Closed));
+                            }
+                        }
+                        p.done = data.len() - (p.mark.saturating_sub(chan.sent) as usize).min(data.len());
+                    }
+                    Transfer::Recv { channel, landing } => {
+                        if blocked_recv.contains(channel) {
+                            all_done &= p.done == landing.len();
+                            continue;
+                        }
+                        let grain = landing.grain();
+                        let want = landing.len() - p.done;
+                        let incoming = world.incoming_mut(rank, *channel);
+                        let avail = incoming.arrived.len();
+                        let take = if avail >= want { want } else { avail - avail % grain };
+                        if take > 0 {
+                            let bytes: Vec<u8> = incoming.arrived.drain(..take).collect();
+                            landing.deliver(p.done, &bytes);
+                            p.done += take;
+                            let (peer, link) = world
+                                .wiring
+                                .far_end(rank, *channel)
+                                .expect("validated channel");
+                            world.hash(&[2, rank as u64, channel.peer as u64, take as u64]);
+                            world.pump((peer, Channel::new(rank, link)));
+                        }
+                        if p.done < landing.len() {
+                            all_done = false;
+                            blocked_recv.push(*channel);
+                            let incoming = world.incoming_mut(rank, *channel);
+                            if incoming.closed && incoming.in_flight.is_empty() {
+                                let done = p.done;
+                                return Err(fail(t, done, FailureKind::Closed));
+                            }
+                        }
+                    }
+                }
+            }
+            if all_done {
+                let now = world.now.as_nanos() as u64;
+                world.hash(&[3, rank as u64, now]);
+                world.ranks[rank].state = RankState::Ready;
+                let _world = self.yield_turn(world, rank);
+                return Ok(());
+            }
+            if world.now >= deadline {
+                let waited = world.now.saturating_sub(started);
+                let (i, p) = step
+                    .iter()
+                    .zip(progress.iter())
+                    .enumerate()
+                    .find(|(_, (t, p))| p.done < t.len())
+                    .map(|(i, (_, p))| (i, p.done))
+                    .unwrap_or((0, 0));
+                world.hash(&[4, rank as u64]);
+                return Err(fail(&step[i], p, FailureKind::TimedOut { waited }));
+            }
+            world.ranks[rank].state = RankState::Waiting { deadline };
+            world = self.yield_turn(world, rank);
+        }
+    }
+}
+
+fn fail(t: &Transfer<'_>, done: usize, kind: FailureKind) -> FabricError {
+    FabricError {
+        channel: t.channel(),
+        direction: t.direction(),
+        done,
+        total: t.len(),
+        kind,
+    }
+}
+
+struct Progress {
+    done: usize,
+    /// For sends: the channel's `queued` count once this send's last byte is queued.
+    mark: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RankState {
+    /// Not started yet, or returned from a fabric call: may run.
+    Ready,
+    /// Blocked in a fabric call until something arrives or the deadline.
+    Waiting { deadline: Duration },
+    /// Its closure returned.
+    Done,
+    /// Crashed by a fault.
+    Crashed,
+}
+
+struct Rank {
+    state: RankState,
+    calls: u64,
+    stalled_until: Duration,
+    /// Something happened that a waiting rank should look at.
+    dirty: bool,
+}
+
+/// One direction of one connection: bytes from `from` on its link toward the far end.
+struct Wire {
+    to: (usize, usize),
+    /// Bytes queued by the sender, not yet on the wire.
+    outbox: VecDeque<u8>,
+    /// Total bytes ever queued and ever put on the wire.
+    queued: u64,
+    sent: u64,
+    /// Fragments on the wire: (arrival time, bytes), in order.
+    in_flight: VecDeque<(Duration, Vec<u8>)>,
+    in_flight_bytes: usize,
+    /// Arrived at the receiver, not yet read.
+    arrived: VecDeque<u8>,
+    /// When the wire is free to start the next fragment.
+    busy_until: Duration,
+    last_arrival: Duration,
+    closed: bool,
+    record: Vec<u8>,
+}
+
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A fragment sent by `rank` on its channel `(peer, link)` reaches the far end.
+    Arrive { rank: usize, peer: usize, link: usize },
+    Crash { rank: usize },
+    StallEnd { rank: usize },
+    Stall { rank: usize, until_nanos: u64 },
+    Cut { rank: usize, peer: usize, link: usize },
+}
+
+struct World {
+    wiring: Wiring,
+    rng: ChaCha8Rng,
+    now: Duration,
+    ranks: Vec<Rank>,
+    /// Every direction of every connection, keyed by its sender and the sender's channel.
+    channels: BTreeMap<(usize, Channel), Wire>,
+    events: BinaryHeap<Reverse<(Duration, u64, Event)>>,
+    event_seq: u64,
+    crash_calls: Vec<(usize, u64)>,
+    turn: Option<usize>,
+    trace: u64,
+    latency: Duration,
+    jitter: Duration,
+    bytes_per_sec: u64,
+    max_fragment: usize,
+    window: usize,
+    record_wire: bool,
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+impl World {
+    fn new(sim: &Sim, seed: u64) -> Self {
+        let size = sim.wiring.size();
+        let mut channels = BTreeMap::new();
+        // Every connection gives two wires, one per direction.
+        for c in sim.wiring.connections() {
+            for (from, from_link, to, to_link) in [
+                (c.opener, c.opener_link, c.acceptor, c.acceptor_link),
+                (c.acceptor, c.acceptor_link, c.opener, c.opener_link),
+            ] {
+                channels.insert(
+                    (from, Channel::new(to, from_link)),
+                    Wire {
+                        to: (to, to_link),
+                        outbox: VecDeque::new(),
+                        queued: 0,
+                        sent: 0,
+                        in_flight: VecDeque::new(),
+                        in_flight_bytes: 0,
+                        arrived: VecDeque::new(),
+                        busy_until: Duration::ZERO,
+                        last_arrival: Duration::ZERO,
+                        closed: false,
+                        record: Vec::new(),
+                    },
+                );
+            }
+        }
+        let mut world = Self {
+            wiring: sim.wiring.clone(),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            now: Duration::ZERO,
+            ranks: (0..size)
+                .map(|_| Rank {
+                    state: RankState::Ready,
+                    calls: 0,
+                    stalled_until: Duration::ZERO,
+                    dirty: false,
+                })
+                .collect(),
+            channels,
+            events: BinaryHeap::new(),
+            event_seq: 0,
+            crash_calls: Vec::new(),
+            turn: None,
+            trace: 0xcbf2_9ce4_8422_2325 ^ seed,
+            latency: sim.latency,
+            jitter: sim.jitter,
+            bytes_per_sec: sim.bytes_per_sec,
+            max_fragment: sim.max_fragment,
+            window: sim.window,
+            record_wire: sim.record_wire,
+        };
+        for f in &sim.faults {
+            match *f {
+                Fault::Crash { rank, call } => world.crash_calls.push((rank, call)),
+                Fault::CrashAt { rank, at } => world.at(at, Event::Crash { rank }),
+                Fault::Stall { rank, at, duration } => world.at(
+                    at,
+                    Event::Stall {
+                        rank,
+                        until_nanos: (at + duration).as_nanos() as u64,
+                    },
+                ),
+                Fault::Cut { rank, channel, at } => world.at(
+                    at,
+                    Event::Cut {
+                        rank,
+                        peer: channel.peer,
+                        link: channel.link,
+                    },
+                ),
+            }
+        }
+        world
+    }
+
+    fn size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn hash(&mut self, words: &[u64]) {
+        for &w in words {
+            self.trace ^= w;
+            self.trace = self.trace.wrapping_mul(0x0000_0100_0000_01b3).rotate_left(17);
+        }
+    }
+
+    fn at(&mut self, when: Duration, event: Event) {
+        self.event_seq += 1;
+        self.events.push(Reverse((when, self.event_seq, event)));
+    }
+
+    fn channel(&self, rank: usize, channel: Channel) -> &Wire {
+        &self.channels[&(rank, channel)]
+    }
+
+    fn channel_mut(&mut self, rank: usize, channel: Channel) -> &mut Wire {
+        self.channels
+            .get_mut(&(rank, channel))
+            .expect("validated channel")
+    }
+
+    /// The wire that carries bytes *to* `rank` on its `channel`.
+    fn incoming_mut(&mut self, rank: usize, channel: Channel) -> &mut Wire {
+        let (peer, link) = self
+            .wiring
+            .far_end(rank, channel)
+            .expect("validated channel");
+        self.channel_mut(peer, Channel::new(rank, link))
+    }
+
+    fn pump_all(&mut self) {
+        let keys: Vec<(usize, Channel)> = self.channels.keys().copied().collect();
+        for key in keys {
+            self.pump(key);
+        }
+    }
+
+    /// Puts as many queued bytes on the wire `key` as its window allows.
+    fn pump(&mut self, key: (usize, Channel)) {
+        loop {
+            let (latency, jitter, bps, max_frag, window, now) = (
+                self.latency,
+                self.jitter,
+                self.bytes_per_sec,
+                self.max_fragment,
+                self.window,
+                self.now,
+            );
+            let wire = &self.channels[&key];
+            if wire.closed || wire.outbox.is_empty() {
+                return;
+            }
+            let used = wire.in_flight_bytes + wire.arrived.len();
+            if used >= window {
+                return;
+            }
+            let room = (window - used).min(wire.outbox.len());
+            let size = self.rng.random_range(1..=max_frag.min(room).max(1));
+            let jitter_ns = if jitter.is_zero() {
+                0
+            } else {
+                self.rng.random_range(0..=jitter.as_nanos() as u64)
+            };
+            let wire = self.channels.get_mut(&key).expect("wire exists");
+            let bytes: Vec<u8> = wire.outbox.drain(..size).collect();
+            let start = wire.busy_until.max(now);
+            let on_wire = Duration::from_nanos((size as u128 * 1_000_000_000 / bps as u128) as u64);
+            wire.busy_until = start + on_wire;
+            let arrival = (wire.busy_until + latency + Duration::from_nanos(jitter_ns)).max(wire.last_arrival);
+            wire.last_arrival = arrival;
+            wire.sent += size as u64;
+            wire.in_flight_bytes += size;
+            if self.record_wire {
+                wire.record.extend_from_slice(&bytes);
+            }
+            wire.in_flight.push_back((arrival, bytes));
+            self.ranks[key.0].dirty = true;
+            self.at(
+                arrival,
+                Event::Arrive {
+                    rank: key.0,
+                    peer: key.1.peer,
+                    link: key.1.link,
+                },
+            );
+        }
+    }
+
+    /// Closes every wire to and from `rank`.
+    fn close_rank(&mut self, rank: usize) {
+        let keys: Vec<(usize, Channel)> = self
+            .channels
+            .iter()
+            .filter(|(k, w)| k.0 == rank || w.to.0 == rank)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            let wire = self.channels.get_mut(&k).expect("wire exists");
+            wire.closed = true;
+            let (a, b) = (k.0, wire.to.0);
+            self.ranks[a].dirty = true;
+            self.ranks[b].dirty = true;
+        }
+    }
+
+    fn crash(&mut self, rank: usize) {
+        if matches!(self.ranks[rank].state, RankState::Done | RankState::Crashed) {
+            return;
+        }
+        self.ranks[rank].state = RankState::Crashed;
+        self.hash(&[5, rank as u64]);
+        // Bytes already on the wire still arrive; nothing more leaves; then the peers see the
+        // connection close.
+        let keys: Vec<(usize, Channel)> = self
+            .channels
+            .keys()
+            .filter(|k| k.0 == rank)
+            .copied()
+            .collect();
+        for k in keys {
+            self.channels.get_mut(&k).expect("wire").outbox.clear();
+        }
+        self.close_rank(rank);
+    }
+
+    fn apply(&mut self, event: Event) {
+        match event {
+            Event::Arrive { rank, peer, link } => {
+                let wire = self.channel_mut(rank, Channel::new(peer, link));
+                if let Some((_, bytes)) = wire.in_flight.pop_front() {
+                    wire.in_flight_bytes -= bytes.len();
+                    wire.arrived.extend(bytes);
+                    let to = wire.to.0;
+                    self.ranks[to].dirty = true;
+                }
+            }
+            Event::Crash { rank } => self.crash(rank),
+            Event::Stall { rank, until_nanos } => {
+                let until = Duration::from_nanos(until_nanos);
+                self.ranks[rank].stalled_until = until;
+                self.hash(&[6, rank as u64]);
+                self.at(until, Event::StallEnd { rank });
+            }
+            Event::StallEnd { rank } => self.ranks[rank].dirty = true,
+            Event::Cut { rank, peer, link } => {
+                let channel = Channel::new(peer, link);
+                let Some((far, far_link)) = self.wiring.far_end(rank, channel) else {
+                    return;
+                };
+                self.hash(&[7, rank as u64, peer as u64, link as u64]);
+                for key in [(rank, channel), (far, Channel::new(rank, far_link))] {
+                    let wire = self.channel_mut(key.0, key.1);
+                    wire.closed = true;
+                    wire.in_flight.clear();
+                    wire.in_flight_bytes = 0;
+                    wire.outbox.clear();
+                }
+                self.ranks[rank].dirty = true;
+                self.ranks[far].dirty = true;
+            }
+        }
+    }
+
+    /// Chooses the rank that runs next, advancing virtual time when none can run.
+    fn schedule(&mut self) {
+        loop {
+            let now = self.now;
+            let runnable: Vec<usize> = (0..self.size())
+                .filter(|&r| {
+                    let rank = &self.ranks[r];
+                    rank.stalled_until <= now
+                        && match rank.state {
+                            RankState::Ready => true,
+                            RankState::Waiting { deadline } => rank.dirty || deadline <= now,
+                            RankState::Done | RankState::Crashed => false,
+                        }
+                })
+                .collect();
+            if !runnable.is_empty() {
+                let pick = runnable[self.rng.random_range(0..runnable.len())];
+                self.ranks[pick].dirty = false;
+                self.turn = Some(pick);
+                self.hash(&[8, pick as u64, now.as_nanos() as u64]);
+                return;
+            }
+            // Nobody can run: advance to the next event or deadline.
+            let next_event = self.events.peek().map(|Reverse((t, _, _))| *t);
+            let next_deadline = self
+                .ranks
+                .iter()
+                .filter_map(|r| match r.state {
+                    RankState::Waiting { deadline } => Some(deadline.max(r.stalled_until)),
+                    _ => None,
+                })
+                .min();
+            let next = match (next_event, next_deadline) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+                (None, None) => {
+                    // Every rank is done or crashed.
+                    self.turn = None;
+                    return;
+                }
+            };
+            self.now = self.now.max(next);
+            while let Some(Reverse((t, _, _))) = self.events.peek() {
+                if *t > self.now {
+                    break;
+                }
+                let Some(Reverse((_, _, event))) = self.events.pop() else {
+                    break;
+                };
+                self.apply(event);
+            }
+            self.pump_all();
+        }
+    }
+}

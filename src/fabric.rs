@@ -1,0 +1,496 @@
+//! The `Fabric`: one rank's view of the network, the only thing the collective algorithms
+//! talk to.
+//!
+//! The algorithms of this crate (MLX's ring all-reduce, all-gather and neighbour send/recv)
+//! are written once, as plain blocking code over this trait, and run unchanged over three
+//! implementations:
+//!
+//! - the deterministic simulator of the `nuvec-fabric-sim` crate (virtual time, injected
+//!   latency, reordering, fragmentation and faults);
+//! - real TCP sockets ([`crate::tcp::TcpFabric`]);
+//! - real RDMA queue pairs (the `jaccl` feature).
+//!
+//! Algorithms never spawn threads, sleep or read a clock: all concurrency and all time belong
+//! to the fabric. That is what makes one algorithm testable deterministically in simulation and
+//! fast on real wires.
+//!
+//! # The model
+//!
+//! A fabric connects this rank to its peers by **channels**, each addressed by a [`Channel`]:
+//! a peer rank and the index of one *link* to it. Channels are FIFO in each direction and
+//! independent of each other. An algorithm hands the fabric a **step**: a set of
+//! [`Transfer`]s (sends and receives over buffers it borrows) that must all progress at the same
+//! time, and waits until all have completed, one has failed, or a deadline from the fabric's
+//! own clock ([`Fabric::now`]) passes. A step borrows the caller's buffers for its duration
+//! only; nothing is copied that the wire does not need.
+//!
+//! A receive either lands its bytes in a buffer ([`Landing::Into`]), or hands them to the
+//! algorithm while the rest is still in flight ([`Landing::Sink`]): that is how the ring
+//! reduces each piece as it arrives, the way MLX's ring pipelines its packets.
+//!
+//! There are two kinds of channel ([`ChannelKind`]):
+//!
+//! - **Stream.** A receive of `n` bytes completes with exactly `n` bytes, however the sender
+//!   split them; the bytes of one step simply follow those of the previous one.
+//! - **Message.** Every send is one message; every receive is one posted buffer that takes
+//!   exactly one message. A message that arrives when no receive is posted is dropped (or held,
+//!   as the fabric is configured); completions carry a status.
+//!
+//! # How real transports map onto it
+//!
+//! - **TCP** (stream channels): each channel is one TCP connection, the link index being the
+//!   position of the address in MLX's hostfile entry. The fabric writes straight from the
+//!   borrowed send buffers and reads straight into [`Landing::Into`] buffers; it keeps one
+//!   bounded scratch buffer per channel for [`Landing::Sink`] receives. All transfers of a step
+//!   move at once over non-blocking sockets, both directions of every socket together (full
+//!   duplex), so a step never deadlocks on kernel buffer sizes. The deadline bounds the whole
+//!   step, not each system call.
+//! - **RDMA UC queue pairs** (message channels): each channel is one unreliable-connected queue
+//!   pair; a send is one `IBV_WR_SEND` work request of the whole buffer, a receive one posted
+//!   receive work request; completion of a transfer is its work completion, and a completion
+//!   with an error status fails the transfer. Registered memory belongs to the fabric: it
+//!   stages sends into its frames and delivers received frames to the landing.
+//!
+//! The link indices of a ring are fixed by [`Wiring`]: who opened which connection to whom.
+
+use std::fmt;
+use std::time::Duration;
+
+/// The address of a channel as one rank sees it: a peer and one link to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Channel {
+    /// The rank at the other end.
+    pub peer: usize,
+    /// Which of the links to `peer` (see [`Wiring`] for how they are numbered).
+    pub link: usize,
+}
+
+impl Channel {
+    /// The channel to `peer` over its link `link`.
+    pub const fn new(peer: usize, link: usize) -> Self {
+        Self { peer, link }
+    }
+}
+
+impl fmt::Display for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {} link {}", self.peer, self.link)
+    }
+}
+
+/// What a channel guarantees about the boundaries of what is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChannelKind {
+    /// A byte stream (TCP): boundaries are not kept, bytes arrive in order.
+    Stream,
+    /// Messages (RDMA UC): one send lands in one posted receive, or is lost.
+    Message,
+}
+
+/// Where the bytes of a receive go.
+pub enum Landing<'a> {
+    /// Straight into this buffer, which sets the length of the receive.
+    Into(&'a mut [u8]),
+    /// Handed to `sink` as they arrive, in order, as `sink(offset, bytes)` where `offset` counts
+    /// from the start of this receive. Every piece is a whole multiple of `grain` bytes (the
+    /// element size, so a reduction never sees half an element); `len` must be a multiple of
+    /// `grain`.
+    Sink {
+        /// The length of the receive in bytes.
+        len: usize,
+        /// The granule of every delivered piece (at least 1).
+        grain: usize,
+        /// Called on the caller's thread with each piece.
+        sink: &'a mut dyn FnMut(usize, &[u8]),
+    },
+}
+
+impl Landing<'_> {
+    /// The number of bytes this receive takes.
+    pub fn len(&self) -> usize {
+        match self {
+            Landing::Into(buf) => buf.len(),
+            Landing::Sink { len, .. } => *len,
+        }
+    }
+
+    /// Whether this receive takes no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The granule of delivered pieces.
+    pub fn grain(&self) -> usize {
+        match self {
+            Landing::Into(_) => 1,
+            Landing::Sink { grain, .. } => (*grain).max(1),
+        }
+    }
+
+    /// Hands `bytes`, which start `offset` bytes into this receive, to the landing.
+    pub fn deliver(&mut self, offset: usize, bytes: &[u8]) {
+        match self {
+            Landing::Into(buf) => buf[offset..offset + bytes.len()].copy_from_slice(bytes),
+            Landing::Sink { sink, .. } => sink(offset, bytes),
+        }
+    }
+}
+
+impl fmt::Debug for Landing<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Landing::Into(buf) => write!(f, "Into({} bytes)", buf.len()),
+            Landing::Sink { len, grain, .. } => write!(f, "Sink({len} bytes, grain {grain})"),
+        }
+    }
+}
+
+/// One transfer of a step.
+#[derive(Debug)]
+pub enum Transfer<'a> {
+    /// Send these bytes on the channel.
+    Send {
+        /// Where to.
+        channel: Channel,
+        /// What (borrowed for the step).
+        data: &'a [u8],
+    },
+    /// Receive on the channel.
+    Recv {
+        /// Where from.
+        channel: Channel,
+        /// Where the bytes go.
+        landing: Landing<'a>,
+    },
+}
+
+impl Transfer<'_> {
+    /// The channel of this transfer.
+    pub fn channel(&self) -> Channel {
+        match self {
+            Transfer::Send { channel, .. } | Transfer::Recv { channel, .. } => *channel,
+        }
+    }
+
+    /// Whether this transfer sends or receives.
+    pub fn direction(&self) -> Direction {
+        match self {
+            Transfer::Send { .. } => Direction::Send,
+            Transfer::Recv { .. } => Direction::Recv,
+        }
+    }
+
+    /// The number of bytes this transfer moves.
+    pub fn len(&self) -> usize {
+        match self {
+            Transfer::Send { data, .. } => data.len(),
+            Transfer::Recv { landing, .. } => landing.len(),
+        }
+    }
+
+    /// Whether this transfer moves no bytes (it completes at once).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether a transfer sends or receives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Bytes leave this rank.
+    Send,
+    /// Bytes come to this rank.
+    Recv,
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Direction::Send => "sending to",
+            Direction::Recv => "receiving from",
+        })
+    }
+}
+
+/// Why a transfer failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The peer closed the connection (or the link was cut).
+    #[error("the connection was closed by the peer")]
+    Closed,
+    /// The transport reported an error.
+    #[error("{0}")]
+    Transport(String),
+    /// The deadline passed first.
+    #[error("timed out after {waited:?}")]
+    TimedOut {
+        /// How long the step had waited when it gave up.
+        waited: Duration,
+    },
+    /// A message did not fit the posted receive (message channels).
+    #[error("a message of {got} bytes arrived for a receive of {want} bytes")]
+    MessageSize {
+        /// The size of the posted receive.
+        want: usize,
+        /// The size of the message.
+        got: usize,
+    },
+    /// A completion came back with an error status (message channels).
+    #[error("completion status {0}")]
+    Completion(String),
+    /// This rank itself was stopped (a simulated crash).
+    #[error("this rank crashed")]
+    Crashed,
+    /// The step was malformed (a channel that does not exist, a bad grain).
+    #[error("invalid transfer: {0}")]
+    Invalid(String),
+}
+
+/// A failed step: which channel, which way, how far it got and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{direction} {channel} ({done} of {total} bytes): {kind}")]
+pub struct FabricError {
+    /// The channel of the transfer that failed.
+    pub channel: Channel,
+    /// Whether it was sending or receiving.
+    pub direction: Direction,
+    /// Bytes of that transfer done before the failure.
+    pub done: usize,
+    /// Bytes that transfer had to move.
+    pub total: usize,
+    /// What went wrong.
+    pub kind: FailureKind,
+}
+
+impl FabricError {
+    /// The peer that the failure concerns.
+    pub fn peer(&self) -> usize {
+        self.channel.peer
+    }
+
+    /// Whether the failure is the deadline passing.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self.kind, FailureKind::TimedOut { .. })
+    }
+}
+
+/// One rank's connections to its peers: see the [module documentation](self).
+pub trait Fabric {
+    /// This rank.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn size(&self) -> usize;
+
+    /// What the channels guarantee about message boundaries.
+    fn kind(&self) -> ChannelKind;
+
+    /// The number of links to `peer` (0 when not connected).
+    fn links(&self, peer: usize) -> usize;
+
+    /// The fabric's clock: time since the fabric started (virtual in simulation).
+    fn now(&self) -> Duration;
+
+    /// Runs every transfer of `step` at once and returns when all have completed, or with the
+    /// first failure, or when `deadline` (on [`Fabric::now`]'s clock) passes. Transfers on the
+    /// same channel and direction run in the order given. After an error the state of the
+    /// channels is unspecified: the caller must treat the group as failed.
+    fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError>;
+}
+
+impl<F: Fabric + ?Sized> Fabric for &mut F {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn size(&self) -> usize {
+        (**self).size()
+    }
+    fn kind(&self) -> ChannelKind {
+        (**self).kind()
+    }
+    fn links(&self, peer: usize) -> usize {
+        (**self).links(peer)
+    }
+    fn now(&self) -> Duration {
+        (**self).now()
+    }
+    fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+        (**self).run(step, deadline)
+    }
+}
+
+impl<F: Fabric + ?Sized> Fabric for Box<F> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn size(&self) -> usize {
+        (**self).size()
+    }
+    fn kind(&self) -> ChannelKind {
+        (**self).kind()
+    }
+    fn links(&self, peer: usize) -> usize {
+        (**self).links(peer)
+    }
+    fn now(&self) -> Duration {
+        (**self).now()
+    }
+    fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+        (**self).run(step, deadline)
+    }
+}
+
+/// One connection between two ranks: `opener` connected to `acceptor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Connection {
+    /// The rank that connected.
+    pub opener: usize,
+    /// The rank that accepted.
+    pub acceptor: usize,
+    /// The opener's link index for this connection (its channel is `(acceptor, opener_link)`).
+    pub opener_link: usize,
+    /// The acceptor's link index for this connection (its channel is `(opener, acceptor_link)`).
+    pub acceptor_link: usize,
+}
+
+/// Which ranks are connected, by how many links, and how each end numbers them.
+///
+/// The rule: at each rank, the links to a peer are numbered first the connections this rank
+/// opened to it (in order), then those it accepted from it (in order). In MLX's ring every rank
+/// opens C connections to its right neighbour and accepts C from its left one, so for R > 2 the
+/// right and left links are both `0..C`; with R = 2 the single peer is both neighbours, and the
+/// links this rank opened are `0..C`, those it accepted `C..2C`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wiring {
+    size: usize,
+    connections: Vec<Connection>,
+}
+
+impl Wiring {
+    /// A wiring from `(opener, acceptor)` pairs, in the order the connections are made.
+    ///
+    /// # Panics
+    /// If a rank is out of range or connects to itself.
+    pub fn from_pairs(size: usize, pairs: impl IntoIterator<Item = (usize, usize)>) -> Self {
+        let pairs: Vec<(usize, usize)> = pairs.into_iter().collect();
+        for &(a, b) in &pairs {
+            assert!(
+                a < size && b < size && a != b,
+                "wiring: bad pair ({a}, {b}) of {size}"
+            );
+        }
+        let opened = |from: usize, to: usize| pairs.iter().filter(|&&p| p == (from, to)).count();
+        let mut next_open = std::collections::HashMap::new();
+        let mut next_accept = std::collections::HashMap::new();
+        let connections = pairs
+            .iter()
+            .map(|&(a, b)| {
+                let o = next_open.entry((a, b)).or_insert(0usize);
+                let opener_link = *o;
+                *o += 1;
+                let acc = next_accept.entry((a, b)).or_insert(0usize);
+                let acceptor_link = opened(b, a) + *acc;
+                *acc += 1;
+                Connection {
+                    opener: a,
+                    acceptor: b,
+                    opener_link,
+                    acceptor_link,
+                }
+            })
+            .collect();
+        Self { size, connections }
+    }
+
+    /// MLX's ring: every rank opens `links` connections to its right neighbour.
+    pub fn ring(size: usize, links: usize) -> Self {
+        if size < 2 {
+            return Self {
+                size,
+                connections: Vec::new(),
+            };
+        }
+        Self::from_pairs(
+            size,
+            (0..size).flat_map(|r| std::iter::repeat_n((r, (r + 1) % size), links)),
+        )
+    }
+
+    /// A full mesh: every pair `i < j` with `links` connections opened by `i`.
+    pub fn mesh(size: usize, links: usize) -> Self {
+        Self::from_pairs(
+            size,
+            (0..size).flat_map(|i| {
+                (i + 1..size).flat_map(move |j| std::iter::repeat_n((i, j), links))
+            }),
+        )
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Every connection, in the order they were made.
+    pub fn connections(&self) -> &[Connection] {
+        &self.connections
+    }
+
+    /// The number of links `rank` has to `peer`.
+    pub fn links(&self, rank: usize, peer: usize) -> usize {
+        self.connections
+            .iter()
+            .filter(|c| (c.opener, c.acceptor) == (rank, peer) || (c.opener, c.acceptor) == (peer, rank))
+            .count()
+    }
+
+    /// The far end of `rank`'s channel: `(peer, peer's link index)` for the same connection.
+    pub fn far_end(&self, rank: usize, channel: Channel) -> Option<(usize, usize)> {
+        self.connections.iter().find_map(|c| {
+            if c.opener == rank && c.acceptor == channel.peer && c.opener_link == channel.link {
+                Some((c.acceptor, c.acceptor_link))
+            } else if c.acceptor == rank && c.opener == channel.peer && c.acceptor_link == channel.link {
+                Some((c.opener, c.opener_link))
+            } else {
+                None
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_of_three_numbers_both_neighbours_from_zero() {
+        let w = Wiring::ring(3, 2);
+        assert_eq!(w.links(0, 1), 2);
+        assert_eq!(w.links(0, 2), 2);
+        // Rank 0's link 1 to rank 1 (opened) is rank 1's link 1 to rank 0 (accepted).
+        assert_eq!(w.far_end(0, Channel::new(1, 1)), Some((1, 1)));
+        assert_eq!(w.far_end(1, Channel::new(0, 1)), Some((0, 1)));
+    }
+
+    #[test]
+    fn a_ring_of_two_numbers_accepted_links_after_opened_ones() {
+        let w = Wiring::ring(2, 2);
+        assert_eq!(w.links(0, 1), 4);
+        // Rank 0 opened links 0, 1 to rank 1; rank 1 accepted them as its links 2, 3.
+        assert_eq!(w.far_end(0, Channel::new(1, 0)), Some((1, 2)));
+        assert_eq!(w.far_end(0, Channel::new(1, 1)), Some((1, 3)));
+        assert_eq!(w.far_end(1, Channel::new(0, 0)), Some((0, 2)));
+        assert_eq!(w.far_end(1, Channel::new(0, 3)), Some((0, 1)));
+    }
+
+    #[test]
+    fn a_mesh_connects_every_pair() {
+        let w = Wiring::mesh(4, 1);
+        for a in 0..4 {
+            for b in 0..4 {
+                assert_eq!(w.links(a, b), usize::from(a != b));
+            }
+        }
+    }
+}

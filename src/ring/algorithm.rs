@@ -1,0 +1,305 @@
+//! MLX's ring collectives, written once over [`Fabric`].
+//!
+//! Each function follows the protocol description of MLX's `ring.cpp` step by step: the
+//! schedule (which segment, which socket, which direction) comes from [`super::schedule`],
+//! and every step hands the fabric all the concurrent transfers of all sub-reduces at once.
+//! Received bytes of the reduce-scatter phase are combined into this rank's copy as they
+//! arrive; those of the all-gather phase land straight in place. The bytes on every
+//! connection direction are exactly those MLX puts there, so Rust and MLX ranks can share a
+//! ring.
+//!
+//! The functions take a deadline on the fabric's clock and return the fabric's error as is;
+//! the caller (the communicator) adds the rank, the operation and its sequence number, and
+//! fails the group.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::RingTopology;
+use super::schedule::{
+    self, Flow, Part, Phase, Side, all_gather_plan, all_gather_step, all_reduce_plan,
+    all_reduce_step, all_reduce_steps, p2p_split, segment,
+};
+use crate::fabric::{Channel, Direction, Fabric, FabricError, FailureKind, Landing, Transfer};
+use crate::reduce::Reducer;
+
+/// The transfers of one step: at most two per part, and at most 2C parts.
+type Step<'a> = SmallVec<[Transfer<'a>; 8]>;
+
+/// The channels a part sends on and receives from.
+fn channels(ring: &RingTopology, part: &Part) -> (Channel, Channel) {
+    match part.flow {
+        Flow::Leftward => (
+            ring.channel(Side::Left, part.pair),
+            ring.channel(Side::Right, part.pair),
+        ),
+        Flow::Rightward => (
+            ring.channel(Side::Right, part.pair),
+            ring.channel(Side::Left, part.pair),
+        ),
+    }
+}
+
+/// Splits `buf` into the disjoint `ranges` (in any order; empty ranges anywhere) and returns
+/// the slices in the order of `ranges`.
+///
+/// # Panics
+/// If two non-empty ranges overlap or a range is out of bounds: the schedules never do that.
+fn carve<'a>(buf: &'a mut [u8], ranges: &[Range<usize>]) -> SmallVec<[&'a mut [u8]; 8]> {
+    let mut order: SmallVec<[usize; 8]> = (0..ranges.len()).collect();
+    order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
+    let mut slots: SmallVec<[Option<&'a mut [u8]>; 8]> = (0..ranges.len()).map(|_| None).collect();
+    let mut rest = buf;
+    let mut base = 0;
+    for i in order {
+        let r = &ranges[i];
+        if r.is_empty() {
+            slots[i] = Some(&mut []);
+            continue;
+        }
+        assert!(r.start >= base, "ring: overlapping ranges in one step");
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - base);
+        let (piece, tail) = tail.split_at_mut(r.len());
+        slots[i] = Some(piece);
+        rest = tail;
+        base = r.end;
+    }
+    slots.into_iter().flatten().collect()
+}
+
+/// A sink that reduces each received piece into `local`.
+fn reducing(reducer: Reducer, local: &mut [u8]) -> impl FnMut(usize, &[u8]) + '_ {
+    move |offset, bytes| reducer.apply(&mut local[offset..offset + bytes.len()], bytes)
+}
+
+/// An error for a transfer the schedule does not allow.
+fn invalid(channel: Channel, direction: Direction, total: usize, what: String) -> FabricError {
+    FabricError {
+        channel,
+        direction,
+        done: 0,
+        total,
+        kind: FailureKind::Invalid(what),
+    }
+}
+
+/// All-reduce `data` (elements of `reducer`'s dtype) in place over the ring, as MLX's
+/// `all_sum`/`all_max`/`all_min` (reference §2.6). `scratch` holds the zero-padded copy on the
+/// small path (E < R); it is reused across calls.
+pub fn all_reduce<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    reducer: Reducer,
+    data: &mut [u8],
+    scratch: &mut Vec<u8>,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let s = reducer.element_size();
+    let plan = all_reduce_plan(data.len() / s, s, ring.size(), ring.conns());
+    match plan.padded {
+        None => sub_reduces(fabric, ring, reducer, data, &plan.parts, deadline),
+        Some(padded) => {
+            // MLX copies E < R elements into R zeroed ones and reduces those, one per segment.
+            scratch.clear();
+            scratch.resize(padded * s, 0);
+            scratch[..data.len()].copy_from_slice(data);
+            sub_reduces(fabric, ring, reducer, scratch, &plan.parts, deadline)?;
+            data.copy_from_slice(&scratch[..data.len()]);
+            Ok(())
+        }
+    }
+}
+
+/// Runs the sub-reduces of `parts` over `data` in lockstep: step t of every part at once.
+fn sub_reduces<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    reducer: Reducer,
+    data: &mut [u8],
+    parts: &[Part],
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let (rank, ranks) = (ring.rank(), ring.size());
+    let s = reducer.element_size();
+    for t in 0..all_reduce_steps(ranks) {
+        let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
+        let mut phase = Phase::Copy;
+        for part in parts {
+            let step = all_reduce_step(rank, ranks, part.flow, t);
+            phase = step.phase;
+            let len = part.range.len();
+            let bytes = |seg: Range<usize>| {
+                (part.range.start + seg.start) * s..(part.range.start + seg.end) * s
+            };
+            ranges.push(bytes(segment(len, ranks, step.send)));
+            ranges.push(bytes(segment(len, ranks, step.recv)));
+        }
+        let mut slices = carve(data, &ranges).into_iter();
+        let mut sends: SmallVec<[&[u8]; 4]> = SmallVec::new();
+        let mut recvs: SmallVec<[&mut [u8]; 4]> = SmallVec::new();
+        while let (Some(send), Some(recv)) = (slices.next(), slices.next()) {
+            sends.push(send);
+            recvs.push(recv);
+        }
+        match phase {
+            Phase::Reduce => {
+                let mut sinks: SmallVec<[_; 4]> = recvs
+                    .into_iter()
+                    .map(|local| (local.len(), reducing(reducer, local)))
+                    .collect();
+                let mut step: Step<'_> = SmallVec::new();
+                for ((part, data), (len, sink)) in parts.iter().zip(sends).zip(sinks.iter_mut()) {
+                    let (to, from) = channels(ring, part);
+                    step.push(Transfer::Send { channel: to, data });
+                    step.push(Transfer::Recv {
+                        channel: from,
+                        landing: Landing::Sink {
+                            len: *len,
+                            grain: s,
+                            sink,
+                        },
+                    });
+                }
+                fabric.run(&mut step, deadline)?;
+            }
+            Phase::Copy => {
+                let mut step: Step<'_> = SmallVec::new();
+                for ((part, data), into) in parts.iter().zip(sends).zip(recvs) {
+                    let (to, from) = channels(ring, part);
+                    step.push(Transfer::Send { channel: to, data });
+                    step.push(Transfer::Recv {
+                        channel: from,
+                        landing: Landing::Into(into),
+                    });
+                }
+                fabric.run(&mut step, deadline)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gathers every rank's `input` into `output` (`input.len() × R` bytes, rank order), as MLX's
+/// ring `all_gather` (reference §2.7).
+///
+/// # Panics
+/// If `output.len() != input.len() * R` (the communicator checks it first).
+pub fn all_gather<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    input: &[u8],
+    output: &mut [u8],
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let (rank, ranks) = (ring.rank(), ring.size());
+    let n = input.len();
+    assert_eq!(output.len(), n * ranks, "all_gather: output size");
+    output[rank * n..(rank + 1) * n].copy_from_slice(input);
+    let parts = all_gather_plan(n, ring.conns());
+    for t in 0..ranks.saturating_sub(1) {
+        let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
+        for part in &parts {
+            let (sent, received) = all_gather_step(rank, ranks, part.flow, t);
+            ranges.push(sent * n + part.range.start..sent * n + part.range.end);
+            ranges.push(received * n + part.range.start..received * n + part.range.end);
+        }
+        let mut slices = carve(output, &ranges).into_iter();
+        let mut step: Step<'_> = SmallVec::new();
+        for part in &parts {
+            let (to, from) = channels(ring, part);
+            let (Some(send), Some(recv)) = (slices.next(), slices.next()) else {
+                break;
+            };
+            step.push(Transfer::Send {
+                channel: to,
+                data: send,
+            });
+            step.push(Transfer::Recv {
+                channel: from,
+                landing: Landing::Into(recv),
+            });
+        }
+        fabric.run(&mut step, deadline)?;
+    }
+    Ok(())
+}
+
+/// Sends `data` to the neighbour `dst`, split over the connections as MLX's ring `send`
+/// (reference §2.8): `max(1024, ⌈n/C⌉)` bytes per socket, on the right sockets if `dst` is the
+/// right neighbour, else the left ones.
+pub fn send<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    dst: usize,
+    data: &[u8],
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let Some(side) = schedule::send_side(ring.rank(), ring.size(), dst) else {
+        return Err(invalid(
+            Channel::new(dst, 0),
+            Direction::Send,
+            data.len(),
+            format!("rank {dst} is not a neighbour of rank {}", ring.rank()),
+        ));
+    };
+    let mut step: Step<'_> = p2p_split(data.len(), ring.conns())
+        .into_iter()
+        .enumerate()
+        .map(|(k, range)| Transfer::Send {
+            channel: ring.channel(side, k),
+            data: &data[range],
+        })
+        .collect();
+    fabric.run(&mut step, deadline)
+}
+
+/// Receives exactly `data.len()` bytes from the neighbour `src`, as MLX's ring `recv`: the left
+/// sockets if `src` is the left neighbour, else the right ones.
+pub fn recv<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    src: usize,
+    data: &mut [u8],
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let Some(side) = schedule::recv_side(ring.rank(), ring.size(), src) else {
+        return Err(invalid(
+            Channel::new(src, 0),
+            Direction::Recv,
+            data.len(),
+            format!("rank {src} is not a neighbour of rank {}", ring.rank()),
+        ));
+    };
+    let ranges = p2p_split(data.len(), ring.conns());
+    let mut step: Step<'_> = carve(data, &ranges)
+        .into_iter()
+        .enumerate()
+        .map(|(k, into)| Transfer::Recv {
+            channel: ring.channel(side, k),
+            landing: Landing::Into(into),
+        })
+        .collect();
+    fabric.run(&mut step, deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn carving_returns_slices_in_the_order_asked() {
+        let mut buf: Vec<u8> = (0..10).collect();
+        let parts = carve(&mut buf, &[6..8, 0..2, 4..4, 2..3]);
+        let got: Vec<Vec<u8>> = parts.iter().map(|p| p.to_vec()).collect();
+        assert_eq!(got, [vec![6, 7], vec![0, 1], vec![], vec![2]]);
+    }
+
+    #[test]
+    #[should_panic(expected = "overlapping")]
+    fn carving_refuses_overlaps() {
+        let mut buf = [0u8; 10];
+        let _ = carve(&mut buf, &[0..5, 4..6]);
+    }
+}
