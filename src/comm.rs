@@ -16,6 +16,7 @@ use nuvec_core::distributed::{AllReduce, Communicator};
 
 use crate::error::Error;
 use crate::fabric::{Fabric, FabricError};
+use crate::log::Log;
 use crate::reduce::{Reducer, Reduction};
 use crate::ring::{RingTopology, algorithm, schedule};
 
@@ -26,6 +27,7 @@ use crate::ring::{RingTopology, algorithm, schedule};
 pub struct RingCommunicator<F: Fabric> {
     ring: RingTopology,
     timeout: Duration,
+    log: Log,
     state: Mutex<State<F>>,
 }
 
@@ -68,6 +70,7 @@ impl<F: Fabric> RingCommunicator<F> {
         Self {
             ring,
             timeout,
+            log: Log::off(),
             state: Mutex::new(State {
                 fabric: Some(fabric),
                 scratch: Vec::new(),
@@ -75,6 +78,12 @@ impl<F: Fabric> RingCommunicator<F> {
                 failed: None,
             }),
         }
+    }
+
+    /// Prints failures to `log`.
+    pub(crate) fn with_log(mut self, log: Log) -> Self {
+        self.log = log;
+        self
     }
 
     /// This rank's place in the ring.
@@ -147,6 +156,7 @@ impl<F: Fabric> RingCommunicator<F> {
                 waited,
                 source,
             };
+            self.log.error(format_args!("{error}"));
             state.failed = Some(error.clone());
             return Err(error);
         }

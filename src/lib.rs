@@ -1,10 +1,93 @@
-//! Distributed backends for nuvec (crate docs are written in full with the public API).
+//! Distributed backends for nuvec: MLX's TCP ring, and MLX's JACCL (RDMA over Thunderbolt 5;
+//! experimental, feature `jaccl`).
+//!
+//! [`init`] reads MLX's launch environment, connects a backend and makes it the default group
+//! of `nuvec::distributed`'s collectives, as `mx.distributed.init()`. The ring reads
+//! `MLX_HOSTFILE` (a JSON list with one entry per rank of `"host:port"` addresses) and
+//! `MLX_RANK`; JACCL reads the variables `mlx.launch --backend jaccl` writes
+//! (`jaccl::Config::from_env`). [`init_backend`] names the backend. Every rank runs the same
+//! program; the processes may share one Mac (over loopback) or run on several (over Ethernet
+//! or Thunderbolt IP for the ring, Thunderbolt 5 cables for JACCL).
+//!
+//! ```
+//! # fn main() -> nuvec_core::Result<()> {
+//! use nuvec_core::{array, distributed};
+//! let group = nuvec_distributed::init(false)?; // size 1 without a hostfile
+//! let x = array![1.0, 2.0];
+//! let total = distributed::all_sum(&x, None); // the sum over every rank
+//! println!("rank {} of {}: {:?}", group.rank(), group.size(), total.to_vec::<f32>()?);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Wire compatibility
+//!
+//! The ring is MLX's, byte for byte (MLX 0.32.x, `mlx[cpu]==0.32.4`): the same connection order,
+//! no handshake, and the same raw element bytes on each direction of each connection, split
+//! into the same sub-reduces, segments and directions. Rust and Python MLX ranks can therefore
+//! share one ring, and every rank gets the same bits: each segment of an all-reduce is reduced
+//! once, in MLX's order, then copied to every rank.
+//!
+//! # Design
+//!
+//! The collective algorithms ([`ring::algorithm`]) are plain blocking code written once over
+//! the [`fabric::Fabric`] trait, with their schedules as pure arithmetic
+//! ([`ring::schedule`]). The same code runs over TCP ([`tcp::TcpFabric`]) and over the
+//! deterministic simulator of the `nuvec-fabric-sim` crate, where it is property-tested with
+//! injected fragmentation, latency and faults. See each module for the why.
+//!
+//! # Failures
+//!
+//! Every operation has a deadline ([`Options::timeout`]). Arguments are checked before a byte
+//! moves (an unsupported dtype, a wrong size, a peer that is not a neighbour: an
+//! `InvalidArgument` error, and the group stays usable). Any failure on the wire fails the
+//! group: the error names this rank, the operation and its sequence number, the peer, the link,
+//! how many bytes had moved and how long it waited; every later call returns that first error
+//! at once (an `Io` error).
+//!
+//! Stability: no promise when this crate is depended on directly; depend on nuvec, whose
+//! re-exports are semver-tracked.
 
+pub mod backend;
 pub mod comm;
+mod env;
 pub mod error;
 pub mod fabric;
+pub mod hostfile;
+mod log;
+mod options;
 pub mod reduce;
 pub mod ring;
+pub mod tcp;
 
+pub use backend::{Backend, RingGroup, connect_ring, is_available};
 pub use comm::RingCommunicator;
 pub use error::Error;
+pub use options::Options;
+
+use nuvec_core::distributed::Group;
+
+/// Initialises the first backend whose launch environment is set and makes its group the
+/// default: [`init_backend`]`(strict, Backend::Any)`, as `mx.distributed.init(strict)`.
+pub fn init(strict: bool) -> nuvec_core::Result<Group> {
+    init_backend(strict, Backend::Any)
+}
+
+/// Initialises `backend` from MLX's launch environment and makes its group the default, as
+/// `mx.distributed.init(strict, backend)`.
+///
+/// A backend initialised before returns its group (`Any`: the first group initialised). The
+/// ring reads `MLX_HOSTFILE` (the path of the JSON hostfile) and `MLX_RANK`;
+/// `MLX_RING_VERBOSE` prints connection setup; `NUVEC_DISTRIBUTED_TIMEOUT` (seconds) sets
+/// [`Options::timeout`]. Without the environment: an error naming the missing variables if
+/// `strict`, else the group of this process alone.
+pub fn init_backend(strict: bool, backend: Backend) -> nuvec_core::Result<Group> {
+    Ok(backend::init_from(&env::Env::process(), strict, backend)?)
+}
+
+/// Connects rank `rank` of the ring over `nodes` (per rank its `host:port` addresses) and
+/// returns its group, not made the default; one node is the group of this process alone.
+/// See [`connect_ring`] for a handle that can also report the group's failure.
+pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> nuvec_core::Result<Group> {
+    Ok(connect_ring(nodes, rank, options)?.group())
+}

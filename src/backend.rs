@@ -1,0 +1,212 @@
+//! Backend selection and the group cache, as MLX's `distributed::init` and `get_backends`.
+//!
+//! `init_backend(strict, backend)` returns the group a backend initialised before, if any
+//! (`Any`: the first one initialised), else reads that backend's launch environment, connects,
+//! caches the group under its backend and makes it the default group of
+//! `nuvec_core::distributed`. Without the environment it fails if `strict`, else returns the
+//! group of this process alone.
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use nuvec_core::distributed::{self, Group};
+
+use crate::env::Env;
+use crate::error::Error;
+use crate::options::Options;
+use crate::tcp::TcpFabric;
+use crate::{RingCommunicator, hostfile, log::Log};
+
+/// A distributed backend, by MLX's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// The first backend whose launch environment is set: the ring, then JACCL.
+    Any,
+    /// MLX's TCP ring (`MLX_HOSTFILE`, `MLX_RANK`).
+    Ring,
+    /// MLX's JACCL, RDMA over Thunderbolt 5 (feature `jaccl`).
+    Jaccl,
+}
+
+impl Backend {
+    /// MLX's name of the backend.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Any => "any",
+            Backend::Ring => "ring",
+            Backend::Jaccl => "jaccl",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+
+    /// MLX's backend names: `any`, `ring`, `jaccl`; `mpi` and `nccl` are MLX backends this
+    /// crate does not provide.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "any" => Ok(Backend::Any),
+            "ring" => Ok(Backend::Ring),
+            "jaccl" => Ok(Backend::Jaccl),
+            "mpi" | "nccl" => Err(Error::Config(format!(
+                "the {s} backend of MLX is not provided by nuvec (backends: any, ring or jaccl)"
+            ))),
+            other => Err(Error::Config(format!(
+                "no backend {other:?} (any, ring or jaccl)"
+            ))),
+        }
+    }
+}
+
+/// A connected ring group: the `nuvec_core` group, and this crate's handle on its transport.
+#[derive(Clone, Debug)]
+pub struct RingGroup {
+    group: Group,
+    comm: Option<Arc<RingCommunicator<TcpFabric>>>,
+}
+
+impl RingGroup {
+    /// The group of this process alone.
+    fn single() -> Self {
+        Self {
+            group: Group::single(),
+            comm: None,
+        }
+    }
+
+    /// The `nuvec_core` group, for `nuvec_core::distributed`'s collectives.
+    pub fn group(&self) -> Group {
+        self.group.clone()
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    /// The number of processes.
+    pub fn size(&self) -> usize {
+        self.group.size()
+    }
+
+    /// The first failure of the group, if it has failed.
+    pub fn failure(&self) -> Option<Error> {
+        self.comm.as_ref().and_then(|c| c.failure())
+    }
+
+    /// The transport, for direct use of the ring's operations on raw bytes.
+    pub fn communicator(&self) -> Option<&RingCommunicator<TcpFabric>> {
+        self.comm.as_deref()
+    }
+}
+
+/// Groups initialised so far, by backend, in order (MLX's `get_backends`).
+static GROUPS: Mutex<Vec<(Backend, Group)>> = Mutex::new(Vec::new());
+
+/// Whether `backend` can be used in this build on this machine: the ring always; JACCL when
+/// built in (feature `jaccl`) and the RDMA library lists a device.
+pub fn is_available(backend: Backend) -> bool {
+    match backend {
+        Backend::Any | Backend::Ring => true,
+        Backend::Jaccl => false,
+    }
+}
+
+/// Connects rank `rank` of MLX's ring over `nodes` (per rank its `host:port` addresses, all
+/// ranks with the same count) and returns its group, without making it the default. One node
+/// is the group of this process alone.
+pub fn connect_ring(
+    nodes: &[Vec<String>],
+    rank: usize,
+    options: &Options,
+) -> Result<RingGroup, Error> {
+    let size = nodes.len();
+    if size <= 1 {
+        return Ok(RingGroup::single());
+    }
+    if rank >= size {
+        return Err(Error::Config(format!(
+            "rank {rank} is out of range for a ring of {size} ranks"
+        )));
+    }
+    let conns = nodes[0].len();
+    if conns == 0 {
+        return Err(Error::Config("rank 0 has no address".into()));
+    }
+    if let Some((r, entry)) = nodes.iter().enumerate().find(|(_, e)| e.len() != conns) {
+        return Err(Error::Config(format!(
+            "rank {r} lists {} addresses but rank 0 lists {conns}: every rank needs the same number",
+            entry.len()
+        )));
+    }
+    let log = Log::new(options.log, rank);
+    let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, &log)?;
+    let comm = Arc::new(RingCommunicator::new(fabric, conns, options.timeout).with_log(log));
+    Ok(RingGroup {
+        group: Group::new(comm.clone()),
+        comm: Some(comm),
+    })
+}
+
+fn cached(backend: Backend) -> Option<Group> {
+    let groups = GROUPS.lock().unwrap_or_else(PoisonError::into_inner);
+    match backend {
+        Backend::Any => groups.first().map(|(_, g)| g.clone()),
+        b => groups.iter().find(|(k, _)| *k == b).map(|(_, g)| g.clone()),
+    }
+}
+
+/// [`init_backend`](crate::init_backend) with this crate's error and an explicit environment.
+pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result<Group, Error> {
+    if let Some(group) = cached(backend) {
+        return Ok(group);
+    }
+    let mut missing = Vec::new();
+    if matches!(backend, Backend::Any | Backend::Ring) {
+        match env.ring()? {
+            Some(ring) => {
+                let nodes = hostfile::read(&ring.hostfile)?;
+                crate::env::check_rank(ring.rank, nodes.len(), &ring.hostfile)?;
+                let mut options = Options::default();
+                if let Some(timeout) = env.timeout()? {
+                    options.timeout = timeout;
+                }
+                options.log = env.log_level()?;
+                if ring.verbose {
+                    options = options.verbose(true);
+                }
+                let group = connect_ring(&nodes, ring.rank, &options)?.group();
+                remember(Backend::Ring, &group);
+                return Ok(group);
+            }
+            None => missing.push("MLX_HOSTFILE and MLX_RANK (ring)"),
+        }
+    }
+    if backend == Backend::Jaccl || (backend == Backend::Any && strict) {
+        missing.push("the JACCL variables (jaccl; this build has no feature jaccl)");
+    }
+    if strict {
+        return Err(Error::Config(format!(
+            "no {backend} backend could be initialised: {} not set",
+            missing.join(", ")
+        )));
+    }
+    Ok(Group::single())
+}
+
+/// Caches `group` under `backend` and makes it the default group.
+fn remember(backend: Backend, group: &Group) {
+    GROUPS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push((backend, group.clone()));
+    distributed::set_default_group(group.clone());
+}

@@ -1,0 +1,551 @@
+//! The launch environment: MLX's ring variables and this crate's own.
+//!
+//! | Variable | Meaning |
+//! | --- | --- |
+//! | `MLX_HOSTFILE` | path of the ring hostfile (see [`crate::hostfile`]) |
+//! | `MLX_RANK` | this process's rank, a non-negative integer below the hostfile's size |
+//! | `MLX_RING_VERBOSE` | present (any value): log at least at `info` |
+//! | `NUVEC_DISTRIBUTED_TIMEOUT` | per-operation timeout, positive finite seconds |
+//! | `NUVEC_DISTRIBUTED_KEY` | shared key, at least 16 bytes (never printed) |
+//! | `NUVEC_DISTRIBUTED_LOG` | `off`, `error`, `warn`, `info` or `debug` (any case) |
+//!
+//! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the
+//! process environment. Unlike MLX (which reads `MLX_RANK` with `atoi`), every value is checked,
+//! and a wrong one is an [`Error::Config`] naming the variable, the value (except for the key)
+//! and what is wrong.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// The path of the ring hostfile.
+pub(crate) const MLX_HOSTFILE: &str = "MLX_HOSTFILE";
+/// This process's rank.
+pub(crate) const MLX_RANK: &str = "MLX_RANK";
+/// Verbose ring logging when present.
+pub(crate) const MLX_RING_VERBOSE: &str = "MLX_RING_VERBOSE";
+/// The per-operation timeout in seconds.
+pub(crate) const TIMEOUT: &str = "NUVEC_DISTRIBUTED_TIMEOUT";
+/// The shared key.
+#[allow(
+    dead_code,
+    reason = "the shared key is read once the handshake that uses it exists"
+)]
+pub(crate) const KEY: &str = "NUVEC_DISTRIBUTED_KEY";
+/// The log level.
+pub(crate) const LOG: &str = "NUVEC_DISTRIBUTED_LOG";
+
+/// The shortest key accepted, in bytes.
+#[allow(
+    dead_code,
+    reason = "the shared key is read once the handshake that uses it exists"
+)]
+pub(crate) const MIN_KEY_BYTES: usize = 16;
+
+/// A source of environment variables.
+///
+/// The lookup returns the raw value (`OsString`), so that the process environment is read
+/// losslessly: a path may be any bytes, and a value that must be text but is not UTF-8 is an
+/// error naming the variable rather than silently replaced.
+#[derive(Clone, Copy)]
+pub(crate) struct Env<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<OsString>,
+}
+
+fn process_lookup(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
+/// MLX's ring configuration: `MLX_HOSTFILE`, `MLX_RANK` and `MLX_RING_VERBOSE`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RingEnv {
+    /// The hostfile's path (`MLX_HOSTFILE`).
+    pub(crate) hostfile: PathBuf,
+    /// This process's rank (`MLX_RANK`); not yet checked against the hostfile's size.
+    pub(crate) rank: usize,
+    /// Whether `MLX_RING_VERBOSE` is present, whatever its value.
+    pub(crate) verbose: bool,
+}
+
+/// How much is logged to standard error, from least to most.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum LogLevel {
+    /// Nothing.
+    #[default]
+    Off,
+    /// Failures.
+    Error,
+    /// Failures and suspicious conditions.
+    Warn,
+    /// Connection progress (MLX's `MLX_RING_VERBOSE`).
+    Info,
+    /// Details.
+    Debug,
+}
+
+impl<'a> Env<'a> {
+    /// The process environment (`std::env::var_os`).
+    pub(crate) fn process() -> Env<'static> {
+        Env {
+            lookup: &process_lookup,
+        }
+    }
+
+    /// An environment read through `lookup` (a variable is unset when it returns `None`).
+    #[cfg_attr(
+        not(test),
+        allow(dead_code, reason = "the injectable lookup is for tests")
+    )]
+    pub(crate) fn from_fn(lookup: &'a dyn Fn(&str) -> Option<OsString>) -> Self {
+        Env { lookup }
+    }
+
+    fn raw(&self, name: &str) -> Option<OsString> {
+        (self.lookup)(name)
+    }
+
+    fn present(&self, name: &str) -> bool {
+        self.raw(name).is_some()
+    }
+
+    /// The value of `name` as text; not UTF-8 is an error that shows the value escaped.
+    fn text(&self, name: &str) -> Result<Option<String>, Error> {
+        self.raw(name)
+            .map(|v| {
+                v.into_string()
+                    .map_err(|v| Error::Config(format!("{name}={v:?} is not valid UTF-8")))
+            })
+            .transpose()
+    }
+
+    /// MLX's ring configuration, or `None` when neither `MLX_HOSTFILE` nor `MLX_RANK` is set.
+    ///
+    /// Errors when only one of them is set, when `MLX_HOSTFILE` is empty, or when `MLX_RANK` is
+    /// not a non-negative decimal integer. The rank is checked against the hostfile's size by
+    /// [`check_rank`] once the file is read.
+    pub(crate) fn ring(&self) -> Result<Option<RingEnv>, Error> {
+        let hostfile = self.raw(MLX_HOSTFILE);
+        let rank = self.raw(MLX_RANK);
+        let verbose = self.present(MLX_RING_VERBOSE);
+        let (hostfile, rank) = match (hostfile, rank) {
+            (None, None) => return Ok(None),
+            (Some(h), None) => {
+                return Err(Error::Config(format!(
+                    "{MLX_HOSTFILE} is set (to {}) but {MLX_RANK} is not; set {MLX_RANK} to \
+                     this process's rank (0 to the number of ranks in the hostfile minus 1)",
+                    Path::new(&h).display()
+                )));
+            }
+            (None, Some(r)) => {
+                return Err(Error::Config(format!(
+                    "{MLX_RANK} is set (to {r:?}) but {MLX_HOSTFILE} is not; set {MLX_HOSTFILE} \
+                     to the path of the ring hostfile"
+                )));
+            }
+            (Some(h), Some(r)) => (h, r),
+        };
+        if hostfile.is_empty() {
+            return Err(Error::Config(format!(
+                "{MLX_HOSTFILE} is set but empty; it must be the path of the ring hostfile"
+            )));
+        }
+        let rank = parse_rank(&rank)?;
+        Ok(Some(RingEnv {
+            hostfile: PathBuf::from(hostfile),
+            rank,
+            verbose,
+        }))
+    }
+
+    /// The per-operation timeout from `NUVEC_DISTRIBUTED_TIMEOUT` (seconds), `None` if unset.
+    ///
+    /// The value must be a positive finite decimal number of seconds (`"30"`, `"2.5"`,
+    /// `"1e-3"`), at least one nanosecond and small enough for a `Duration`.
+    pub(crate) fn timeout(&self) -> Result<Option<Duration>, Error> {
+        let Some(v) = self.text(TIMEOUT)? else {
+            return Ok(None);
+        };
+        let bad = |what: &str| Error::Config(format!("{TIMEOUT}={v:?} {what}"));
+        let secs: f64 = v
+            .parse()
+            .map_err(|_| bad("is not a number of seconds (e.g. \"30\" or \"2.5\")"))?;
+        if secs.is_nan() || secs.is_infinite() {
+            return Err(bad("must be a finite number of seconds"));
+        }
+        if secs <= 0.0 {
+            return Err(bad("must be a positive number of seconds"));
+        }
+        let d = Duration::try_from_secs_f64(secs).map_err(|_| bad("is too large for a timeout"))?;
+        if d.is_zero() {
+            return Err(bad("is below one nanosecond"));
+        }
+        Ok(Some(d))
+    }
+
+    /// The shared key from `NUVEC_DISTRIBUTED_KEY` (its UTF-8 bytes), `None` if unset.
+    ///
+    /// It must be at least [`MIN_KEY_BYTES`] bytes. Error messages never show the value.
+    #[allow(
+        dead_code,
+        reason = "the shared key is read once the handshake that uses it exists"
+    )]
+    pub(crate) fn key(&self) -> Result<Option<Vec<u8>>, Error> {
+        let Some(v) = self.raw(KEY) else {
+            return Ok(None);
+        };
+        let Ok(v) = v.into_string() else {
+            return Err(Error::Config(format!(
+                "{KEY} is not valid UTF-8 (the value is not shown)"
+            )));
+        };
+        if v.len() < MIN_KEY_BYTES {
+            return Err(Error::Config(format!(
+                "{KEY} is too short: {} byte{}, it needs at least {MIN_KEY_BYTES} (the value is \
+                 not shown)",
+                v.len(),
+                if v.len() == 1 { "" } else { "s" }
+            )));
+        }
+        Ok(Some(v.into_bytes()))
+    }
+
+    /// The log level: `NUVEC_DISTRIBUTED_LOG` (`off` if unset), raised to at least
+    /// [`LogLevel::Info`] when `MLX_RING_VERBOSE` is present.
+    pub(crate) fn log_level(&self) -> Result<LogLevel, Error> {
+        let level = match self.text(LOG)? {
+            None => LogLevel::Off,
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "off" => LogLevel::Off,
+                "error" => LogLevel::Error,
+                "warn" => LogLevel::Warn,
+                "info" => LogLevel::Info,
+                "debug" => LogLevel::Debug,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "{LOG}={v:?} is not a log level; expected off, error, warn, info or debug"
+                    )));
+                }
+            },
+        };
+        if self.present(MLX_RING_VERBOSE) {
+            Ok(level.max(LogLevel::Info))
+        } else {
+            Ok(level)
+        }
+    }
+}
+
+/// `MLX_RANK` as a non-negative decimal integer.
+fn parse_rank(raw: &OsStr) -> Result<usize, Error> {
+    let Some(v) = raw.to_str() else {
+        return Err(Error::Config(format!(
+            "{MLX_RANK}={raw:?} is not valid UTF-8; it must be a non-negative integer"
+        )));
+    };
+    let bad = |what: &str| Error::Config(format!("{MLX_RANK}={v:?} {what}"));
+    if v.is_empty() {
+        return Err(bad(
+            "is empty; it must be a non-negative integer (the rank, from 0)",
+        ));
+    }
+    if let Some(rest) = v.strip_prefix('-')
+        && !rest.is_empty()
+        && rest.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(bad("is negative; ranks count from 0"));
+    }
+    if !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad("is not a non-negative integer (the rank, from 0)"));
+    }
+    v.parse::<usize>()
+        .map_err(|_| bad("is too large for a rank"))
+}
+
+/// Checks `rank` (from `MLX_RANK`) against the number of ranks in the hostfile at `hostfile`.
+pub(crate) fn check_rank(rank: usize, size: usize, hostfile: &Path) -> Result<(), Error> {
+    if rank < size {
+        return Ok(());
+    }
+    let valid = match size {
+        0 => "no rank is valid".to_owned(),
+        1 => "the only valid rank is 0".to_owned(),
+        n => format!("valid ranks are 0 to {}", n - 1),
+    };
+    Err(Error::Config(format!(
+        "{MLX_RANK}={rank} is out of range: the hostfile {} lists {size} rank{}, so {valid}",
+        hostfile.display(),
+        if size == 1 { "" } else { "s" }
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An environment holding exactly `vars`.
+    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + use<> {
+        let vars: Vec<(String, OsString)> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), OsString::from(*v)))
+            .collect();
+        move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    fn message(r: Result<impl std::fmt::Debug, Error>) -> String {
+        match r {
+            Err(Error::Config(m)) => m,
+            other => panic!("expected a configuration error, got {other:?}"),
+        }
+    }
+
+    /// One test per row: the environment and the fragments its error message must contain.
+    macro_rules! bad_env {
+        ($($name:ident: $call:ident, [$(($k:expr, $v:expr)),* $(,)?] => [$($frag:expr),+ $(,)?];)+) => {$(
+            #[test]
+            fn $name() {
+                let f = lookup(&[$(($k, $v)),*]);
+                let m = message(Env::from_fn(&f).$call());
+                $(assert!(m.contains($frag), "missing {:?} in {m:?}", $frag);)+
+            }
+        )+};
+    }
+
+    bad_env! {
+        a_hostfile_without_a_rank_names_mlx_rank:
+            ring, [("MLX_HOSTFILE", "/tmp/h.json")] => ["MLX_RANK is not", "/tmp/h.json"];
+        a_rank_without_a_hostfile_names_mlx_hostfile:
+            ring, [("MLX_RANK", "1")] => ["MLX_HOSTFILE is not", "MLX_RANK is set (to \"1\")"];
+        an_empty_hostfile_path_is_refused:
+            ring, [("MLX_HOSTFILE", ""), ("MLX_RANK", "0")] => ["MLX_HOSTFILE is set but empty"];
+        a_rank_that_is_text_is_not_read_as_zero:
+            ring, [("MLX_HOSTFILE", "h"), ("MLX_RANK", "abc")]
+                => ["MLX_RANK=\"abc\"", "not a non-negative integer"];
+        a_negative_rank_is_refused:
+            ring, [("MLX_HOSTFILE", "h"), ("MLX_RANK", "-1")] => ["MLX_RANK=\"-1\"", "negative"];
+        an_empty_rank_is_refused:
+            ring, [("MLX_HOSTFILE", "h"), ("MLX_RANK", "")] => ["MLX_RANK=\"\"", "empty"];
+        a_rank_with_a_plus_sign_is_refused:
+            ring, [("MLX_HOSTFILE", "h"), ("MLX_RANK", "+1")]
+                => ["MLX_RANK=\"+1\"", "not a non-negative integer"];
+        a_rank_with_spaces_is_refused:
+            ring, [("MLX_HOSTFILE", "h"), ("MLX_RANK", " 1")]
+                => ["MLX_RANK=\" 1\"", "not a non-negative integer"];
+        a_rank_with_a_fraction_is_refused:
+            ring, [("MLX_HOSTFILE", "h"), ("MLX_RANK", "1.0")]
+                => ["MLX_RANK=\"1.0\"", "not a non-negative integer"];
+        a_rank_beyond_usize_is_refused:
+            ring, [("MLX_HOSTFILE", "h"), ("MLX_RANK", "99999999999999999999999")]
+                => ["MLX_RANK=\"99999999999999999999999\"", "too large"];
+        a_zero_timeout_is_refused:
+            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "0")]
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"0\"", "positive"];
+        a_negative_timeout_is_refused:
+            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "-5")]
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"-5\"", "positive"];
+        a_negative_zero_timeout_is_refused:
+            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "-0.0")]
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"-0.0\"", "positive"];
+        a_nan_timeout_is_refused:
+            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "NaN")]
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"NaN\"", "finite"];
+        an_infinite_timeout_is_refused:
+            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "inf")]
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"inf\"", "finite"];
+        a_garbage_timeout_is_refused:
+            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "30s")]
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"30s\"", "not a number of seconds"];
+        an_empty_timeout_is_refused:
+            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "")]
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"\"", "not a number of seconds"];
+        a_huge_timeout_is_refused:
+            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "1e300")]
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"1e300\"", "too large"];
+        a_sub_nanosecond_timeout_is_refused:
+            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "1e-12")]
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"1e-12\"", "below one nanosecond"];
+        a_short_key_is_refused_without_showing_it:
+            key, [("NUVEC_DISTRIBUTED_KEY", "fifteen-bytes!!")]
+                => ["NUVEC_DISTRIBUTED_KEY is too short", "15 bytes", "at least 16"];
+        an_empty_key_is_refused:
+            key, [("NUVEC_DISTRIBUTED_KEY", "")] => ["NUVEC_DISTRIBUTED_KEY is too short", "0 bytes"];
+        an_unknown_log_level_is_refused:
+            log_level, [("NUVEC_DISTRIBUTED_LOG", "verbose")]
+                => ["NUVEC_DISTRIBUTED_LOG=\"verbose\"", "off, error, warn, info or debug"];
+        an_empty_log_level_is_refused:
+            log_level, [("NUVEC_DISTRIBUTED_LOG", "")] => ["NUVEC_DISTRIBUTED_LOG=\"\"", "not a log level"];
+        a_numeric_log_level_is_refused:
+            log_level, [("NUVEC_DISTRIBUTED_LOG", "3")] => ["NUVEC_DISTRIBUTED_LOG=\"3\"", "not a log level"];
+    }
+
+    #[test]
+    fn a_short_key_never_appears_in_the_message() {
+        let f = lookup(&[("NUVEC_DISTRIBUTED_KEY", "s3cr3t")]);
+        let m = message(Env::from_fn(&f).key());
+        assert!(!m.contains("s3cr3t"), "{m}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn non_utf8_values_are_errors_naming_the_variable() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = || OsString::from_vec(vec![b'1', 0xff]);
+        for name in [MLX_RANK, TIMEOUT, LOG, KEY] {
+            let f = |n: &str| match n {
+                "MLX_HOSTFILE" => Some(OsString::from("h")),
+                n if n == name => Some(bad()),
+                _ => None,
+            };
+            let env = Env::from_fn(&f);
+            let m = match name {
+                MLX_RANK => message(env.ring()),
+                TIMEOUT => message(env.timeout()),
+                LOG => message(env.log_level()),
+                _ => message(env.key()),
+            };
+            assert!(m.contains(name) && m.contains("not valid UTF-8"), "{m}");
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_non_utf8_hostfile_path_is_kept_byte_for_byte() {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        let f = |n: &str| match n {
+            "MLX_HOSTFILE" => Some(OsString::from_vec(b"/tmp/h\xff.json".to_vec())),
+            "MLX_RANK" => Some(OsString::from("0")),
+            _ => None,
+        };
+        let ring = Env::from_fn(&f).ring().unwrap().unwrap();
+        assert_eq!(ring.hostfile.as_os_str().as_bytes(), b"/tmp/h\xff.json");
+    }
+
+    #[test]
+    fn neither_ring_variable_means_no_ring() {
+        let f = lookup(&[("MLX_RING_VERBOSE", "1")]);
+        assert_eq!(Env::from_fn(&f).ring().unwrap(), None);
+    }
+
+    #[test]
+    fn the_ring_variables_as_mlx_launch_sets_them_are_read() {
+        let f = lookup(&[("MLX_HOSTFILE", "/tmp/tmp.x"), ("MLX_RANK", "3")]);
+        assert_eq!(
+            Env::from_fn(&f).ring().unwrap(),
+            Some(RingEnv {
+                hostfile: PathBuf::from("/tmp/tmp.x"),
+                rank: 3,
+                verbose: false
+            })
+        );
+    }
+
+    #[test]
+    fn verbose_is_on_whenever_mlx_ring_verbose_is_present_even_empty() {
+        for v in ["1", "0", ""] {
+            let f = lookup(&[
+                ("MLX_HOSTFILE", "h"),
+                ("MLX_RANK", "0"),
+                ("MLX_RING_VERBOSE", v),
+            ]);
+            let env = Env::from_fn(&f);
+            assert!(env.ring().unwrap().unwrap().verbose, "{v:?}");
+            assert_eq!(env.log_level().unwrap(), LogLevel::Info, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn a_rank_inside_the_hostfile_passes_the_check() {
+        assert_eq!(check_rank(0, 1, Path::new("h")), Ok(()));
+        assert_eq!(check_rank(3, 4, Path::new("h")), Ok(()));
+    }
+
+    #[test]
+    fn a_rank_equal_to_the_size_names_the_rank_the_size_and_the_file() {
+        let m = message(check_rank(2, 2, Path::new("/tmp/hosts.json")));
+        assert_eq!(
+            m,
+            "MLX_RANK=2 is out of range: the hostfile /tmp/hosts.json lists 2 ranks, so valid \
+             ranks are 0 to 1"
+        );
+    }
+
+    #[test]
+    fn a_rank_beyond_a_single_rank_hostfile_says_only_zero_is_valid() {
+        let m = message(check_rank(5, 1, Path::new("h")));
+        assert!(
+            m.contains("MLX_RANK=5")
+                && m.contains("lists 1 rank,")
+                && m.contains("only valid rank is 0"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn timeouts_in_seconds_become_durations() {
+        for (v, d) in [
+            ("30", Duration::from_secs(30)),
+            ("2.5", Duration::from_millis(2500)),
+            ("1e-3", Duration::from_millis(1)),
+        ] {
+            let f = lookup(&[("NUVEC_DISTRIBUTED_TIMEOUT", v)]);
+            assert_eq!(Env::from_fn(&f).timeout().unwrap(), Some(d), "{v}");
+        }
+        let f = lookup(&[]);
+        assert_eq!(Env::from_fn(&f).timeout().unwrap(), None);
+    }
+
+    #[test]
+    fn a_key_of_sixteen_bytes_or_more_is_its_bytes() {
+        let f = lookup(&[("NUVEC_DISTRIBUTED_KEY", "0123456789abcdef")]);
+        assert_eq!(
+            Env::from_fn(&f).key().unwrap(),
+            Some(b"0123456789abcdef".to_vec())
+        );
+        let f = lookup(&[]);
+        assert_eq!(Env::from_fn(&f).key().unwrap(), None);
+    }
+
+    #[test]
+    fn log_levels_are_read_in_any_case_and_ordered() {
+        for (v, l) in [
+            ("off", LogLevel::Off),
+            ("ERROR", LogLevel::Error),
+            ("Warn", LogLevel::Warn),
+            ("info", LogLevel::Info),
+            ("DeBuG", LogLevel::Debug),
+        ] {
+            let f = lookup(&[("NUVEC_DISTRIBUTED_LOG", v)]);
+            assert_eq!(Env::from_fn(&f).log_level().unwrap(), l, "{v}");
+        }
+        let f = lookup(&[]);
+        assert_eq!(Env::from_fn(&f).log_level().unwrap(), LogLevel::Off);
+        assert!(
+            LogLevel::Off < LogLevel::Error
+                && LogLevel::Error < LogLevel::Warn
+                && LogLevel::Warn < LogLevel::Info
+                && LogLevel::Info < LogLevel::Debug
+        );
+    }
+
+    #[test]
+    fn mlx_ring_verbose_raises_the_level_to_info_but_never_lowers_it() {
+        for (v, l) in [
+            ("off", LogLevel::Info),
+            ("warn", LogLevel::Info),
+            ("debug", LogLevel::Debug),
+        ] {
+            let f = lookup(&[("NUVEC_DISTRIBUTED_LOG", v), ("MLX_RING_VERBOSE", "1")]);
+            assert_eq!(Env::from_fn(&f).log_level().unwrap(), l, "{v}");
+        }
+    }
+
+    #[test]
+    fn the_process_environment_reads_without_error_when_nothing_is_set() {
+        // Reads only; the test harness does not set these variables.
+        let env = Env::process();
+        if std::env::var_os(MLX_HOSTFILE).is_none() && std::env::var_os(MLX_RANK).is_none() {
+            assert_eq!(env.ring().unwrap(), None);
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! [`Options`]: how a group connects and how long it waits.
+
+use std::time::Duration;
+
+use crate::log::LogLevel;
+
+/// How a group is connected and run: every rank should use the same options.
+///
+/// ```
+/// use std::time::Duration;
+/// let options = nuvec_distributed::Options::default()
+///     .timeout(Duration::from_secs(10))
+///     .verbose(true);
+/// assert_eq!(options.timeout, Duration::from_secs(10));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Options {
+    /// The deadline of connection setup and of every collective (default 30 s;
+    /// `NUVEC_DISTRIBUTED_TIMEOUT` for [`init`](crate::init)). A collective that has not
+    /// finished by then fails the group, naming the peer it was waiting for.
+    pub timeout: Duration,
+    pub(crate) log: LogLevel,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(30),
+            log: LogLevel::Off,
+        }
+    }
+}
+
+impl Options {
+    /// The default options: a 30 s timeout, quiet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the deadline of connection setup and of every collective.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Prints connection setup and failures on standard error, as `MLX_RING_VERBOSE`.
+    pub fn verbose(mut self, on: bool) -> Self {
+        self.log = if on {
+            self.log.max(LogLevel::Info)
+        } else {
+            LogLevel::Off
+        };
+        self
+    }
+}

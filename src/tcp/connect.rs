@@ -1,0 +1,209 @@
+//! Connection setup of MLX's ring, in MLX's order (reference §2.3).
+//!
+//! Rank r listens on every address of its own hostfile entry and connects to every address of
+//! its right neighbour's entry, one connection per address, address c being connection c.
+//! Every rank accepts before it connects, except rank R−1, which connects to rank 0 first:
+//! that unrolls the chain without deadlock. No bytes are exchanged (MLX's ring has no
+//! handshake). Unlike MLX, every wait is bounded by one deadline for the whole setup, a
+//! connector retries while its peer is not listening yet, and each failure names the address
+//! and the rank.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
+
+use crate::error::Error;
+use crate::hostfile;
+use crate::log::Log;
+
+/// The sockets of one rank of a ring: `right[c]` was opened by this rank to its right
+/// neighbour's address c, `left[c]` was accepted on this rank's own address c.
+#[derive(Debug)]
+pub(crate) struct RingSockets {
+    pub(crate) right: Vec<TcpStream>,
+    pub(crate) left: Vec<TcpStream>,
+}
+
+/// Connects rank `rank` of the ring over `nodes` (per rank its addresses) within `timeout`.
+pub(crate) fn connect_ring(
+    nodes: &[Vec<String>],
+    rank: usize,
+    timeout: Duration,
+    log: &Log,
+) -> Result<RingSockets, Error> {
+    let size = nodes.len();
+    let deadline = Instant::now() + timeout;
+    let fail = |what: String| Error::Connect { rank, what };
+    let right = (rank + 1) % size;
+    let left = (rank + size - 1) % size;
+    // Bind every listener first, so that a left neighbour that connects early finds us.
+    let mut listeners = Vec::with_capacity(nodes[rank].len());
+    for address in &nodes[rank] {
+        listeners.push((address.clone(), listen(address).map_err(&fail)?));
+    }
+    let accept = |listeners| {
+        log.info(format_args!("Rank {rank} accepting"));
+        accept_all(listeners, left, deadline, timeout, log).map_err(&fail)
+    };
+    let connect = || {
+        log.info(format_args!("Rank {rank} connecting to {right}"));
+        connect_all(&nodes[right], right, deadline, timeout, log).map_err(&fail)
+    };
+    let (opened, accepted) = if rank < right {
+        let accepted = accept(listeners)?;
+        (connect()?, accepted)
+    } else {
+        let opened = connect()?;
+        (opened, accept(listeners)?)
+    };
+    for stream in opened.iter().chain(&accepted) {
+        tune(stream).map_err(|e| fail(format!("setting socket options: {e}")))?;
+    }
+    log.info(format_args!(
+        "Rank {rank} connected: {} to rank {right}, {} from rank {left}",
+        opened.len(),
+        accepted.len()
+    ));
+    Ok(RingSockets {
+        right: opened,
+        left: accepted,
+    })
+}
+
+/// Socket options of every ring connection: no Nagle delay (MLX's), and keepalive so an idle
+/// group notices a dead host.
+fn tune(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let socket = socket2::SockRef::from(stream);
+    let keepalive = TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(2));
+    #[cfg(any(target_os = "linux", target_os = "macos"))]
+    let keepalive = keepalive.with_retries(5);
+    socket.set_tcp_keepalive(&keepalive)
+}
+
+/// A listening socket on `address` (MLX: `SO_REUSEADDR`, then bind and listen).
+fn listen(address: &str) -> Result<(SocketAddr, TcpListener), String> {
+    let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
+    let mut last = None;
+    for addr in addrs {
+        let attempt = (|| {
+            let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+            socket.set_reuse_address(true)?;
+            if addr.is_ipv6() {
+                socket.set_only_v6(false).ok();
+            }
+            socket.bind(&SockAddr::from(addr))?;
+            socket.listen(16)?;
+            socket.set_nonblocking(true)?;
+            Ok::<_, io::Error>(TcpListener::from_std(socket.into()))
+        })();
+        match attempt {
+            Ok(listener) => return Ok((addr, listener)),
+            Err(e) => last = Some(format!("cannot listen on {address} ({addr}): {e}")),
+        }
+    }
+    Err(last.unwrap_or_else(|| format!("cannot listen on {address}: it resolves to nothing")))
+}
+
+/// Accepts exactly one connection on each listener, in order.
+fn accept_all(
+    listeners: Vec<(String, (SocketAddr, TcpListener))>,
+    from: usize,
+    deadline: Instant,
+    timeout: Duration,
+    log: &Log,
+) -> Result<Vec<TcpStream>, String> {
+    let mut poll = Poll::new().map_err(|e| format!("cannot poll: {e}"))?;
+    let mut events = Events::with_capacity(4);
+    let mut streams = Vec::with_capacity(listeners.len());
+    for (c, (address, (_, mut listener))) in listeners.into_iter().enumerate() {
+        poll.registry()
+            .register(&mut listener, Token(c), Interest::READABLE)
+            .map_err(|e| format!("cannot poll {address}: {e}"))?;
+        let stream = loop {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    log.debug(format_args!("accepted {peer} on {address} (connection {c})"));
+                    break stream;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("accepting on {address}: {e}")),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!(
+                    "rank {from} never connected to {address} (connection {c}): timed out after {timeout:?}"
+                ));
+            }
+            match poll.poll(&mut events, Some(deadline - now)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("waiting on {address}: {e}")),
+            }
+        };
+        let stream = TcpStream::from(stream);
+        stream
+            .set_nonblocking(false)
+            .map_err(|e| format!("accepted socket on {address}: {e}"))?;
+        streams.push(stream);
+    }
+    Ok(streams)
+}
+
+/// Connects once to every address of `to`'s entry, in order, retrying each while the peer is
+/// not listening yet.
+fn connect_all(
+    addresses: &[String],
+    to: usize,
+    deadline: Instant,
+    timeout: Duration,
+    log: &Log,
+) -> Result<Vec<TcpStream>, String> {
+    let mut streams = Vec::with_capacity(addresses.len());
+    for (c, address) in addresses.iter().enumerate() {
+        let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
+        let mut wait = Duration::from_millis(10);
+        let mut attempt = 0u32;
+        let stream = loop {
+            attempt += 1;
+            let now = Instant::now();
+            let mut last = String::from("no address");
+            let mut connected = None;
+            for addr in &addrs {
+                let left = deadline.saturating_duration_since(now).max(Duration::from_millis(1));
+                match TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))) {
+                    Ok(s) => {
+                        connected = Some(s);
+                        break;
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            if let Some(s) = connected {
+                break s;
+            }
+            let now = Instant::now();
+            if now + wait >= deadline {
+                return Err(format!(
+                    "cannot connect to rank {to} at {address} (connection {c}) after {attempt} attempts in {timeout:?}: {last}"
+                ));
+            }
+            log.info(format_args!(
+                "Attempt {attempt} to connect to rank {to} at {address} failed ({last}); retrying in {wait:?}, {:?} left",
+                deadline - now
+            ));
+            // A back-off between connection attempts: the peer may not be listening yet.
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(Duration::from_millis(500));
+        };
+        streams.push(stream);
+    }
+    Ok(streams)
+}

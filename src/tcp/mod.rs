@@ -1,0 +1,341 @@
+//! The TCP fabric: MLX's ring connections as [`Fabric`] stream channels.
+//!
+//! There are no I/O threads. [`TcpFabric::run`] drives every transfer of a step itself over
+//! non-blocking sockets: in each pass it writes what each send socket accepts and reads what
+//! each receive socket has, and only when no transfer can progress does it wait for readiness
+//! (epoll or kqueue, through `mio`) until the step's deadline. So both directions of every
+//! connection move at once (full duplex, no deadlock however large the segments), the user's
+//! buffers go to and come from the sockets without copies, the reduction of received bytes
+//! runs on the calling thread as they arrive, and there is no hand-off between threads to get
+//! wrong or to pay for.
+//!
+//! Receives never read past their own end, so the bytes of the next operation stay in the
+//! socket for it: the stream stays aligned with MLX's.
+
+mod connect;
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token};
+
+use crate::error::Error;
+use crate::fabric::{
+    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer,
+};
+use crate::log::Log;
+
+/// The scratch buffer of a receive that hands its bytes to the algorithm, per channel.
+const SCRATCH: usize = 256 * 1024;
+
+/// One connection.
+struct Link {
+    stream: mio::net::TcpStream,
+    /// Where bytes of [`Landing::Sink`] receives are read before they are delivered; a tail
+    /// shorter than the grain waits here for the rest of its element.
+    scratch: Vec<u8>,
+}
+
+/// This rank's connections of a ring, as a [`Fabric`].
+pub struct TcpFabric {
+    rank: usize,
+    size: usize,
+    /// `links[peer][link]`.
+    links: Vec<Vec<Link>>,
+    poll: Poll,
+    events: Events,
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for TcpFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TcpFabric(rank {} of {})", self.rank, self.size)
+    }
+}
+
+impl TcpFabric {
+    /// Connects rank `rank` of MLX's ring over `nodes` (every rank's addresses, all with the
+    /// same count C) within `timeout`, in MLX's order, and numbers the connections as
+    /// [`Wiring::ring`](crate::fabric::Wiring::ring).
+    pub(crate) fn connect_ring(
+        nodes: &[Vec<String>],
+        rank: usize,
+        timeout: Duration,
+        log: &Log,
+    ) -> Result<Self, Error> {
+        let size = nodes.len();
+        let sockets = connect::connect_ring(nodes, rank, timeout, log)?;
+        let right = (rank + 1) % size;
+        let left = (rank + size - 1) % size;
+        let mut by_peer: Vec<Vec<TcpStream>> = (0..size).map(|_| Vec::new()).collect();
+        // Opened connections first, then accepted ones (the `Wiring` rule).
+        by_peer[right].extend(sockets.right);
+        by_peer[left].extend(sockets.left);
+        Self::from_streams(rank, by_peer).map_err(|e| Error::Connect {
+            rank,
+            what: format!("cannot poll the ring's sockets: {e}"),
+        })
+    }
+
+    /// A fabric over connected streams: `streams[peer][link]`.
+    pub(crate) fn from_streams(rank: usize, streams: Vec<Vec<TcpStream>>) -> io::Result<Self> {
+        let poll = Poll::new()?;
+        let mut links = Vec::with_capacity(streams.len());
+        let mut token = 0;
+        for peer in streams {
+            let mut row = Vec::with_capacity(peer.len());
+            for stream in peer {
+                stream.set_nonblocking(true)?;
+                let mut stream = mio::net::TcpStream::from_std(stream);
+                poll.registry().register(
+                    &mut stream,
+                    Token(token),
+                    Interest::READABLE | Interest::WRITABLE,
+                )?;
+                token += 1;
+                row.push(Link {
+                    stream,
+                    scratch: Vec::new(),
+                });
+            }
+            links.push(row);
+        }
+        Ok(Self {
+            rank,
+            size: links.len(),
+            links,
+            poll,
+            events: Events::with_capacity(64),
+            epoch: Instant::now(),
+        })
+    }
+
+    /// Whether each peer's connections are still open, as far as the kernel knows without
+    /// sending anything: `Err` names the first closed or failed connection.
+    pub(crate) fn probe(&mut self) -> Vec<(usize, Result<(), String>)> {
+        let mut out = Vec::new();
+        for (peer, row) in self.links.iter().enumerate() {
+            if row.is_empty() {
+                continue;
+            }
+            let mut state = Ok(());
+            for (link, l) in row.iter().enumerate() {
+                let mut byte = [0u8; 1];
+                match l.stream.peek(&mut byte) {
+                    Ok(0) => {
+                        state = Err(format!("link {link}: the connection was closed by the peer"));
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        state = Err(format!("link {link}: {e}"));
+                        break;
+                    }
+                }
+                if let Ok(Some(e)) = l.stream.take_error() {
+                    state = Err(format!("link {link}: {e}"));
+                    break;
+                }
+            }
+            out.push((peer, state));
+        }
+        out
+    }
+}
+
+/// How far one transfer of a step has got.
+#[derive(Clone, Copy)]
+struct Progress {
+    done: usize,
+    /// Bytes read into the link's scratch and not delivered yet (a partial element).
+    pending: usize,
+}
+
+fn failure(t: &Transfer<'_>, done: usize, e: &io::Error) -> FabricError {
+    let kind = match e.kind() {
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => FailureKind::Closed,
+        _ => FailureKind::Transport(e.to_string()),
+    };
+    FabricError {
+        channel: t.channel(),
+        direction: t.direction(),
+        done,
+        total: t.len(),
+        kind,
+    }
+}
+
+/// Moves as many bytes of one transfer as its socket takes now. Returns whether it progressed.
+fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Result<bool> {
+    let mut moved = false;
+    match t {
+        Transfer::Send { data, .. } => {
+            while p.done < data.len() {
+                match link.stream.write(&data[p.done..]) {
+                    Ok(0) => return Err(io::ErrorKind::BrokenPipe.into()),
+                    Ok(n) => {
+                        p.done += n;
+                        moved = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Transfer::Recv {
+            landing: Landing::Into(buf),
+            ..
+        } => {
+            while p.done < buf.len() {
+                match link.stream.read(&mut buf[p.done..]) {
+                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => {
+                        p.done += n;
+                        moved = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Transfer::Recv {
+            landing: landing @ Landing::Sink { .. },
+            ..
+        } => {
+            let (len, grain) = (landing.len(), landing.grain());
+            if link.scratch.len() < SCRATCH.min(len) {
+                link.scratch.resize(SCRATCH.min(len).max(grain), 0);
+            }
+            while p.done < len {
+                // Never read past this receive's end: the next bytes belong to the next one.
+                let room = (link.scratch.len() - p.pending).min(len - p.done - p.pending);
+                let read = match link.stream.read(&mut link.scratch[p.pending..p.pending + room]) {
+                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                moved = true;
+                let have = p.pending + read;
+                let whole = have - have % grain;
+                if whole > 0 {
+                    landing.deliver(p.done, &link.scratch[..whole]);
+                    p.done += whole;
+                }
+                link.scratch.copy_within(whole..have, 0);
+                p.pending = have - whole;
+            }
+        }
+    }
+    Ok(moved)
+}
+
+impl Fabric for TcpFabric {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn kind(&self) -> ChannelKind {
+        ChannelKind::Stream
+    }
+
+    fn links(&self, peer: usize) -> usize {
+        self.links.get(peer).map_or(0, Vec::len)
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+        let started = self.now();
+        for t in step.iter() {
+            let c = t.channel();
+            if c.link >= self.links(c.peer) {
+                return Err(FabricError {
+                    channel: c,
+                    direction: t.direction(),
+                    done: 0,
+                    total: t.len(),
+                    kind: FailureKind::Invalid(format!("rank {} has no channel {c}", self.rank)),
+                });
+            }
+        }
+        let mut progress: smallvec::SmallVec<[Progress; 8]> = step
+            .iter()
+            .map(|_| Progress {
+                done: 0,
+                pending: 0,
+            })
+            .collect();
+        loop {
+            let mut moved = false;
+            let mut finished = true;
+            // (channel, direction) pairs whose earlier transfer in this step is not done: later
+            // ones on the same pair must wait for it.
+            let mut busy: smallvec::SmallVec<[(Channel, Direction); 8]> = smallvec::SmallVec::new();
+            for (t, p) in step.iter_mut().zip(progress.iter_mut()) {
+                if p.done == t.len() {
+                    continue;
+                }
+                finished = false;
+                let key = (t.channel(), t.direction());
+                if busy.contains(&key) {
+                    continue;
+                }
+                let c = t.channel();
+                let link = &mut self.links[c.peer][c.link];
+                match advance(link, t, p) {
+                    Ok(m) => moved |= m,
+                    Err(e) => return Err(failure(t, p.done, &e)),
+                }
+                if p.done < t.len() {
+                    busy.push(key);
+                }
+            }
+            if finished {
+                return Ok(());
+            }
+            if moved {
+                continue;
+            }
+            let now = self.now();
+            if now >= deadline {
+                let (t, p) = step
+                    .iter()
+                    .zip(progress.iter())
+                    .find(|(t, p)| p.done < t.len())
+                    .expect("an unfinished transfer");
+                return Err(FabricError {
+                    channel: t.channel(),
+                    direction: t.direction(),
+                    done: p.done,
+                    total: t.len(),
+                    kind: FailureKind::TimedOut {
+                        waited: now.saturating_sub(started),
+                    },
+                });
+            }
+            match self.poll.poll(&mut self.events, Some(deadline - now)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let t = &step[0];
+                    return Err(failure(t, 0, &e));
+                }
+            }
+        }
+    }
+}
