@@ -154,7 +154,7 @@ impl<F: Fabric> RingCommunicator<F> {
                 seq,
                 bytes,
                 waited,
-                source,
+                source: Box::new(source),
             };
             self.log.error(format_args!("{error}"));
             state.failed = Some(error.clone());
@@ -172,7 +172,7 @@ impl<F: Fabric> RingCommunicator<F> {
         };
         let len = data.len();
         let reducer = Reducer::new(op, dtype).map_err(|e| self.invalid(name, e.to_string()))?;
-        if len % reducer.element_size() != 0 {
+        if !len.is_multiple_of(reducer.element_size()) {
             return Err(self.invalid(
                 name,
                 format!("{len} bytes is not a whole number of {dtype} elements"),

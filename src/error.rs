@@ -41,7 +41,7 @@ pub enum Error {
         /// How long the operation had run.
         waited: Duration,
         /// The failed transfer: peer, link, direction, progress and cause.
-        source: FabricError,
+        source: Box<FabricError>,
     },
     /// An operation was called on a group that had failed before.
     #[error("distributed: rank {rank}: {op}: the group failed earlier, no further operation runs ({first})")]

@@ -34,7 +34,7 @@ impl Flow {
 
     /// The flow of sub-reduce or gather `i`: even leftward, odd rightward.
     pub fn of(i: usize) -> Self {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             Flow::Leftward
         } else {
             Flow::Rightward
@@ -365,6 +365,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)]
     fn point_to_point_uses_at_least_1024_bytes_per_socket() {
         assert_eq!(p2p_split(100, 2), [0..100]);
         assert_eq!(p2p_split(1500, 2), [0..1024, 1024..1500]);

@@ -87,9 +87,17 @@ fn tune(stream: &TcpStream) -> io::Result<()> {
     socket.set_tcp_keepalive(&keepalive)
 }
 
+/// The text of a configuration error, without the crate's prefix (it is wrapped again).
+fn config_text(e: Error) -> String {
+    match e {
+        Error::Config(text) => text,
+        other => other.to_string(),
+    }
+}
+
 /// A listening socket on `address` (MLX: `SO_REUSEADDR`, then bind and listen).
 fn listen(address: &str) -> Result<(SocketAddr, TcpListener), String> {
-    let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
+    let addrs = hostfile::resolve(address).map_err(config_text)?;
     let mut last = None;
     for addr in addrs {
         let attempt = (|| {
@@ -168,7 +176,7 @@ fn connect_all(
 ) -> Result<Vec<TcpStream>, String> {
     let mut streams = Vec::with_capacity(addresses.len());
     for (c, address) in addresses.iter().enumerate() {
-        let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
+        let addrs = hostfile::resolve(address).map_err(config_text)?;
         let mut wait = Duration::from_millis(10);
         let mut attempt = 0u32;
         let stream = loop {

@@ -1,0 +1,340 @@
+//! Interop with real MLX: mixed rings of Python MLX ranks and Rust ranks give, on every rank,
+//! bitwise the results of an MLX-only ring, for every collective, dtype and size branch.
+//!
+//! Needs the venv made by `.ci/setup-venv` (`mlx[cpu]==0.32.4`); without it the tests print
+//! why and pass, except under CI (`CI=true`), where a missing venv fails them.
+
+#[path = "common/pattern.rs"]
+mod pattern;
+#[path = "common/ports.rs"]
+mod ports;
+#[path = "common/procs.rs"]
+mod procs;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use nuvec_core::DType;
+use nuvec_distributed::reduce::Reduction;
+use nuvec_distributed::{Options, connect_ring, hostfile};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const RANK_TEST: &str = "a_rust_rank_runs_the_plan_it_is_given";
+const PLAN_VAR: &str = "NUVEC_INTEROP_PLAN";
+const OUT_VAR: &str = "NUVEC_INTEROP_OUT";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv's python, or `None` (with the reason printed) when the venv is absent.
+fn venv_python() -> Option<PathBuf> {
+    let venv = std::env::var_os("NUVEC_MLX_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".venv"));
+    let python = venv.join("bin").join("python");
+    if python.exists() {
+        return Some(python);
+    }
+    let reason = format!(
+        "no MLX venv at {} (make it with .ci/setup-venv); skipping the interop test",
+        venv.display()
+    );
+    assert!(std::env::var("CI").is_err(), "{reason}, but CI must run it");
+    eprintln!("{reason}");
+    None
+}
+
+fn dtype(name: &str) -> DType {
+    match name {
+        "bool" => DType::Bool,
+        "uint8" => DType::U8,
+        "uint16" => DType::U16,
+        "uint32" => DType::U32,
+        "uint64" => DType::U64,
+        "int8" => DType::I8,
+        "int16" => DType::I16,
+        "int32" => DType::I32,
+        "int64" => DType::I64,
+        "float16" => DType::F16,
+        "bfloat16" => DType::BF16,
+        "float32" => DType::F32,
+        "float64" => DType::F64,
+        "complex64" => DType::Complex64,
+        other => panic!("unknown dtype {other}"),
+    }
+}
+
+fn encode(data: &[u8]) -> String {
+    if data.len() > 4096 {
+        let digest = Sha256::digest(data);
+        let mut s = String::from("sha256:");
+        for b in digest {
+            let _ = write!(s, "{b:02x}");
+        }
+        s
+    } else {
+        data.iter().fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+}
+
+/// The Rust side of `tests/interop/mlx_rank.py`: runs a plan through this crate's ring with
+/// raw bytes and writes the same lines.
+#[test]
+fn a_rust_rank_runs_the_plan_it_is_given() {
+    if !procs::is_child(RANK_TEST) {
+        return;
+    }
+    let plan: Value = serde_json::from_str(
+        &std::fs::read_to_string(std::env::var(PLAN_VAR).expect("plan path")).expect("plan"),
+    )
+    .expect("plan json");
+    let hostfile_path = std::env::var("MLX_HOSTFILE").expect("MLX_HOSTFILE");
+    let rank: usize = std::env::var("MLX_RANK").expect("MLX_RANK").parse().expect("rank");
+    let nodes = hostfile::read(Path::new(&hostfile_path)).expect("hostfile");
+    let options = Options::default().timeout(Duration::from_secs(60));
+    let group = connect_ring(&nodes, rank, &options).expect("connect");
+    let comm = group.communicator().expect("a ring of more than one rank");
+    let size = group.size();
+    let out_path = std::env::var(OUT_VAR)
+        .expect("out path")
+        .replace("{rank}", &rank.to_string());
+    let mut out = String::new();
+    for (index, op) in plan["ops"].as_array().expect("ops").iter().enumerate() {
+        let kind = op["op"].as_str().expect("op");
+        let name = op["dtype"].as_str().expect("dtype");
+        let n = op["n"].as_u64().expect("n") as usize;
+        let seed = op["seed"].as_u64().expect("seed");
+        let input = pattern::pattern(name, seed, rank, n);
+        let result = match kind {
+            "all_sum" | "all_max" | "all_min" => {
+                let reduction = match kind {
+                    "all_sum" => Reduction::Sum,
+                    "all_max" => Reduction::Max,
+                    _ => Reduction::Min,
+                };
+                let mut data = input;
+                comm.try_all_reduce(reduction, dtype(name), &mut data)
+                    .unwrap_or_else(|e| panic!("op {index}: {e}"));
+                data
+            }
+            "all_gather" => {
+                let mut output = vec![0u8; input.len() * size];
+                comm.try_all_gather(&input, &mut output)
+                    .unwrap_or_else(|e| panic!("op {index}: {e}"));
+                output
+            }
+            "send" | "recv" => {
+                let ranks: Vec<usize> = op["ranks"]
+                    .as_array()
+                    .expect("ranks")
+                    .iter()
+                    .map(|r| r.as_u64().expect("rank") as usize)
+                    .collect();
+                if !ranks.contains(&rank) {
+                    continue;
+                }
+                let peer = op["peer"].as_u64().expect("peer") as usize;
+                if kind == "send" {
+                    comm.try_send(peer, &input)
+                        .unwrap_or_else(|e| panic!("op {index}: {e}"));
+                    input
+                } else {
+                    let mut data = vec![0u8; input.len()];
+                    comm.try_recv(peer, &mut data)
+                        .unwrap_or_else(|e| panic!("op {index}: {e}"));
+                    data
+                }
+            }
+            other => panic!("unknown op {other}"),
+        };
+        let _ = writeln!(out, "{index} {kind} {name} {}", encode(&result));
+    }
+    std::fs::write(&out_path, out).expect("write results");
+}
+
+/// Which ranks of a job are Python MLX.
+fn mixes(ranks: usize) -> Vec<Vec<bool>> {
+    match ranks {
+        2 => vec![vec![true, false], vec![false, true]],
+        3 => vec![vec![false, true, false], vec![true, true, false]],
+        _ => vec![vec![true, false, false, true], vec![false, true, false, true]],
+    }
+}
+
+/// Runs one job: `python[r]` says whether rank r is MLX. Returns each rank's result lines.
+fn run_job(
+    python: &Path,
+    dir: &Path,
+    plan: &Path,
+    conns: usize,
+    mlx: &[bool],
+) -> Vec<BTreeMap<usize, String>> {
+    let ranks = mlx.len();
+    let nodes = ports::free_nodes(ranks, conns);
+    let hostfile = procs::write_hostfile(dir, &nodes);
+    let commands = (0..ranks)
+        .map(|r| {
+            let out = dir.join(format!("rank{r}.txt"));
+            let mut cmd = if mlx[r] {
+                let mut c = Command::new(python);
+                c.arg(repo().join("tests/interop/mlx_rank.py"))
+                    .arg(plan)
+                    .arg(&out);
+                c
+            } else {
+                let mut c = procs::this_test(RANK_TEST);
+                c.env(PLAN_VAR, plan).env(OUT_VAR, &out);
+                c
+            };
+            cmd.env("MLX_HOSTFILE", &hostfile)
+                .env("MLX_RANK", r.to_string());
+            cmd
+        })
+        .collect();
+    let finished = procs::run_all(dir, commands, Duration::from_secs(240));
+    procs::assert_all_ok(&format!("job {mlx:?} with {conns} connections"), &finished);
+    (0..ranks)
+        .map(|r| {
+            std::fs::read_to_string(dir.join(format!("rank{r}.txt")))
+                .expect("rank results")
+                .lines()
+                .map(|line| {
+                    let (index, rest) = line.split_once(' ').expect("a result line");
+                    (index.parse().expect("index"), rest.to_string())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+const DTYPES: [&str; 14] = [
+    "bool",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+];
+
+/// Element counts covering every branch of MLX's ring for `ranks` ranks, `conns`
+/// connections, and elements of `size` bytes: E < R, E = R, empty tail segments,
+/// non-divisible, both sides of R·256 KiB and of 2C·R·256 KiB, and more than 8 MiB.
+fn sizes(ranks: usize, conns: usize, size: usize, big: bool) -> Vec<usize> {
+    let mut v = vec![1, ranks, ranks * 5 + 1, 1000];
+    if ranks > 2 {
+        v.push((ranks - 1) * 3); // ⌈E/R⌉ = 3 leaves the last segment empty
+    }
+    if big {
+        let t1 = ranks * 262_144 / size;
+        let t2 = 2 * conns * t1;
+        v.extend([t1 - 1, t1, 2 * t1, t2 - 1, t2 + 1, (9 << 20) / size + 3]);
+    }
+    v
+}
+
+fn plan_for(ranks: usize, conns: usize) -> Value {
+    let mut ops = Vec::new();
+    let mut seed = 1u64;
+    for name in DTYPES {
+        let size = pattern::dtype_size(name).expect("dtype");
+        let big = matches!(name, "float32" | "bfloat16" | "uint8" | "complex64");
+        for n in sizes(ranks, conns, size, big) {
+            for op in ["all_sum", "all_max", "all_min", "all_gather"] {
+                if op == "all_gather" && n > (3 << 20) / size {
+                    continue;
+                }
+                seed += 1;
+                // Floats get NaN, ±inf and −0.0 in every other plan entry.
+                let special = if name.starts_with("float") || name == "complex64" {
+                    (seed % 2) << 63
+                } else {
+                    0
+                };
+                ops.push(json!({"op": op, "dtype": name, "n": n, "seed": seed | special}));
+            }
+        }
+    }
+    // Neighbour send/recv of raw bytes, both ways, below and above 1024 bytes.
+    for n in [3usize, 700, 5000, 300_001] {
+        for r in 0..ranks {
+            let right = (r + 1) % ranks;
+            seed += 1;
+            ops.push(json!({"op": "send", "dtype": "uint8", "n": n, "seed": seed, "peer": right, "ranks": [r]}));
+            ops.push(json!({"op": "recv", "dtype": "uint8", "n": n, "seed": seed, "peer": r, "ranks": [right]}));
+        }
+        // And leftward, with the receive issued by the right neighbour first in program order.
+        seed += 1;
+        ops.push(json!({"op": "send", "dtype": "float32", "n": n, "seed": seed, "peer": 0, "ranks": [1]}));
+        ops.push(json!({"op": "recv", "dtype": "float32", "n": n, "seed": seed, "peer": 1, "ranks": [0]}));
+    }
+    json!({ "ops": ops })
+}
+
+fn mixed_rings_match_mlx(ranks: usize) {
+    let Some(python) = venv_python() else {
+        return;
+    };
+    for conns in [1, 2] {
+        let dir = procs::scratch(&format!("interop-r{ranks}-c{conns}"));
+        let plan = dir.join("plan.json");
+        let value = plan_for(ranks, conns);
+        let count = value["ops"].as_array().map_or(0, Vec::len);
+        std::fs::write(&plan, value.to_string()).expect("write plan");
+        let reference = run_job(&python, &dir, &plan, conns, &vec![true; ranks]);
+        for mlx in mixes(ranks) {
+            let got = run_job(&python, &dir, &plan, conns, &mlx);
+            for r in 0..ranks {
+                for (index, want) in &reference[r] {
+                    assert_eq!(
+                        got[r].get(index),
+                        Some(want),
+                        "R={ranks} C={conns} mix {mlx:?}: rank {r} op {index} differs from MLX alone ({})",
+                        value["ops"][*index]
+                    );
+                }
+                assert_eq!(got[r].len(), reference[r].len());
+            }
+        }
+        eprintln!("R={ranks} C={conns}: {count} ops bitwise equal to MLX alone in every mix");
+    }
+}
+
+#[test]
+fn mixed_rings_of_two_match_mlx_bit_for_bit() {
+    if procs::is_child(RANK_TEST) {
+        return;
+    }
+    mixed_rings_match_mlx(2);
+}
+
+#[test]
+fn mixed_rings_of_three_match_mlx_bit_for_bit() {
+    if procs::is_child(RANK_TEST) {
+        return;
+    }
+    mixed_rings_match_mlx(3);
+}
+
+#[test]
+fn mixed_rings_of_four_match_mlx_bit_for_bit() {
+    if procs::is_child(RANK_TEST) {
+        return;
+    }
+    mixed_rings_match_mlx(4);
+}
