@@ -53,7 +53,10 @@ fn time(
     let (local, received) = if offset == 0 {
         (&mut local[..BYTES], &received[..BYTES])
     } else {
-        (&mut local[offset..offset + n], &received[offset..offset + n])
+        (
+            &mut local[offset..offset + n],
+            &received[offset..offset + n],
+        )
     };
     let mut times: Vec<Duration> = (0..RUNS)
         .map(|_| {

@@ -102,6 +102,19 @@ impl RingGroup {
         self.comm.as_ref().and_then(|c| c.failure())
     }
 
+    /// Which peers are unreachable, checked without running a collective: `(peer, what)`.
+    pub fn health(&self) -> Vec<(usize, String)> {
+        self.comm.as_ref().map(|c| c.health()).unwrap_or_default()
+    }
+
+    /// Closes the group: its connections are released, and every later operation fails with
+    /// "the group is closed". A new group can then be formed in the same processes.
+    pub fn close(&self) {
+        if let Some(comm) = &self.comm {
+            drop(comm.close());
+        }
+    }
+
     /// The transport, for direct use of the ring's operations on raw bytes.
     pub fn communicator(&self) -> Option<&RingCommunicator<TcpFabric>> {
         self.comm.as_deref()

@@ -64,8 +64,16 @@ impl<F: Fabric> RingCommunicator<F> {
         let ring = RingTopology::new(fabric.rank(), fabric.size(), conns);
         if ring.size() > 1 {
             let expected = if ring.size() == 2 { 2 * conns } else { conns };
-            assert_eq!(fabric.links(ring.right()), expected, "ring: links to the right neighbour");
-            assert_eq!(fabric.links(ring.left()), expected, "ring: links to the left neighbour");
+            assert_eq!(
+                fabric.links(ring.right()),
+                expected,
+                "ring: links to the right neighbour"
+            );
+            assert_eq!(
+                fabric.links(ring.left()),
+                expected,
+                "ring: links to the left neighbour"
+            );
         }
         Self {
             ring,
@@ -99,6 +107,15 @@ impl<F: Fabric> RingCommunicator<F> {
     /// The first failure of this group, if it has failed.
     pub fn failure(&self) -> Option<Error> {
         self.lock().failed.clone()
+    }
+
+    /// Which peers are unreachable, checked without running a collective (it waits for an
+    /// operation in progress, never interleaves with one): `(peer, what)` for each.
+    pub fn health(&self) -> Vec<(usize, String)> {
+        match self.lock().fabric.as_mut() {
+            Some(fabric) => fabric.probe(),
+            None => Vec::new(),
+        }
     }
 
     /// Releases the fabric (and with it the connections); later calls fail with
@@ -164,7 +181,12 @@ impl<F: Fabric> RingCommunicator<F> {
     }
 
     /// [`Communicator::all_reduce`] with this crate's error.
-    pub fn try_all_reduce(&self, op: Reduction, dtype: DType, data: &mut [u8]) -> Result<(), Error> {
+    pub fn try_all_reduce(
+        &self,
+        op: Reduction,
+        dtype: DType,
+        data: &mut [u8],
+    ) -> Result<(), Error> {
         let name = match op {
             Reduction::Sum => "all_sum",
             Reduction::Max => "all_max",

@@ -44,7 +44,9 @@ pub enum Error {
         source: Box<FabricError>,
     },
     /// An operation was called on a group that had failed before.
-    #[error("distributed: rank {rank}: {op}: the group failed earlier, no further operation runs ({first})")]
+    #[error(
+        "distributed: rank {rank}: {op}: the group failed earlier, no further operation runs ({first})"
+    )]
     Failed {
         /// The rank.
         rank: usize,

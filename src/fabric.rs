@@ -297,6 +297,13 @@ pub trait Fabric {
     /// same channel and direction run in the order given. After an error the state of the
     /// channels is unspecified: the caller must treat the group as failed.
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError>;
+
+    /// Checks, without sending anything, whether the connections to each peer are still
+    /// open: one `(peer, what)` per peer found unreachable. The default knows nothing and
+    /// reports no problem.
+    fn probe(&mut self) -> Vec<(usize, String)> {
+        Vec::new()
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for &mut F {
@@ -318,6 +325,9 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         (**self).run(step, deadline)
     }
+    fn probe(&mut self) -> Vec<(usize, String)> {
+        (**self).probe()
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for Box<F> {
@@ -338,6 +348,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         (**self).run(step, deadline)
+    }
+    fn probe(&mut self) -> Vec<(usize, String)> {
+        (**self).probe()
     }
 }
 
@@ -421,9 +434,8 @@ impl Wiring {
     pub fn mesh(size: usize, links: usize) -> Self {
         Self::from_pairs(
             size,
-            (0..size).flat_map(|i| {
-                (i + 1..size).flat_map(move |j| std::iter::repeat_n((i, j), links))
-            }),
+            (0..size)
+                .flat_map(|i| (i + 1..size).flat_map(move |j| std::iter::repeat_n((i, j), links))),
         )
     }
 
@@ -441,7 +453,9 @@ impl Wiring {
     pub fn links(&self, rank: usize, peer: usize) -> usize {
         self.connections
             .iter()
-            .filter(|c| (c.opener, c.acceptor) == (rank, peer) || (c.opener, c.acceptor) == (peer, rank))
+            .filter(|c| {
+                (c.opener, c.acceptor) == (rank, peer) || (c.opener, c.acceptor) == (peer, rank)
+            })
             .count()
     }
 
@@ -450,7 +464,10 @@ impl Wiring {
         self.connections.iter().find_map(|c| {
             if c.opener == rank && c.acceptor == channel.peer && c.opener_link == channel.link {
                 Some((c.acceptor, c.acceptor_link))
-            } else if c.acceptor == rank && c.opener == channel.peer && c.acceptor_link == channel.link {
+            } else if c.acceptor == rank
+                && c.opener == channel.peer
+                && c.acceptor_link == channel.link
+            {
                 Some((c.opener, c.opener_link))
             } else {
                 None

@@ -88,6 +88,10 @@ pub fn init_backend(strict: bool, backend: Backend) -> nuvec_core::Result<Group>
 /// Connects rank `rank` of the ring over `nodes` (per rank its `host:port` addresses) and
 /// returns its group, not made the default; one node is the group of this process alone.
 /// See [`connect_ring`] for a handle that can also report the group's failure.
-pub fn init_with(nodes: &[Vec<String>], rank: usize, options: &Options) -> nuvec_core::Result<Group> {
+pub fn init_with(
+    nodes: &[Vec<String>],
+    rank: usize,
+    options: &Options,
+) -> nuvec_core::Result<Group> {
     Ok(connect_ring(nodes, rank, options)?.group())
 }

@@ -97,7 +97,10 @@ fn a_rust_rank_runs_the_plan_it_is_given() {
     )
     .expect("plan json");
     let hostfile_path = std::env::var("MLX_HOSTFILE").expect("MLX_HOSTFILE");
-    let rank: usize = std::env::var("MLX_RANK").expect("MLX_RANK").parse().expect("rank");
+    let rank: usize = std::env::var("MLX_RANK")
+        .expect("MLX_RANK")
+        .parse()
+        .expect("rank");
     let nodes = hostfile::read(Path::new(&hostfile_path)).expect("hostfile");
     let options = Options::default().timeout(Duration::from_secs(60));
     let group = connect_ring(&nodes, rank, &options).expect("connect");
@@ -165,7 +168,10 @@ fn mixes(ranks: usize) -> Vec<Vec<bool>> {
     match ranks {
         2 => vec![vec![true, false], vec![false, true]],
         3 => vec![vec![false, true, false], vec![true, true, false]],
-        _ => vec![vec![true, false, false, true], vec![false, true, false, true]],
+        _ => vec![
+            vec![true, false, false, true],
+            vec![false, true, false, true],
+        ],
     }
 }
 
@@ -290,6 +296,7 @@ fn mixed_rings_match_mlx(ranks: usize) {
     let Some(python) = venv_python() else {
         return;
     };
+    let _one_job_at_a_time = procs::exclusive();
     for conns in [1, 2] {
         let dir = procs::scratch(&format!("interop-r{ranks}-c{conns}"));
         let plan = dir.join("plan.json");
@@ -337,4 +344,52 @@ fn mixed_rings_of_four_match_mlx_bit_for_bit() {
         return;
     }
     mixed_rings_match_mlx(4);
+}
+
+#[test]
+fn a_rust_program_runs_under_mlx_launch_with_four_ranks() {
+    if procs::is_child(RANK_TEST) {
+        return;
+    }
+    let Some(python) = venv_python() else {
+        return;
+    };
+    let _one_job_at_a_time = procs::exclusive();
+    let launcher = python.with_file_name("mlx.launch");
+    let dir = procs::scratch("mlx-launch");
+    let plan = dir.join("plan.json");
+    let value = plan_for(4, 1);
+    std::fs::write(&plan, value.to_string()).expect("write plan");
+    let reference = run_job(&python, &dir, &plan, 1, &[true; 4]);
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut launch = Command::new(&launcher);
+    launch
+        .args(["-n", "4", "--backend", "ring", "--"])
+        .arg(exe)
+        .args([RANK_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env(procs::CHILD, RANK_TEST)
+        .env(PLAN_VAR, &plan)
+        .env(OUT_VAR, dir.join("launched{rank}.txt"));
+    let finished = procs::run_all(&dir, vec![launch], Duration::from_secs(300));
+    procs::assert_all_ok("mlx.launch", &finished);
+    // mlx.launch exits 0 even when a rank fails; it says so with [WARN] lines.
+    assert!(
+        !finished[0].output.contains("[WARN]"),
+        "a rank failed under mlx.launch:\n{}",
+        finished[0].output
+    );
+    for (r, want) in reference.iter().enumerate() {
+        let got = std::fs::read_to_string(dir.join(format!("launched{r}.txt"))).expect("results");
+        let got: BTreeMap<usize, String> = got
+            .lines()
+            .map(|l| {
+                let (i, rest) = l.split_once(' ').expect("a result line");
+                (i.parse().expect("index"), rest.to_string())
+            })
+            .collect();
+        assert_eq!(
+            &got, want,
+            "rank {r} under mlx.launch differs from MLX alone"
+        );
+    }
 }

@@ -18,7 +18,10 @@ fn hex(bytes: &[u8]) -> String {
 
 #[test]
 fn rust_and_python_patterns_agree() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/pattern_golden.txt");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/interop/pattern_golden.txt"
+    );
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     let mut checked = 0;
     let mut dtypes_seen = std::collections::BTreeSet::new();

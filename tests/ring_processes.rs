@@ -119,7 +119,9 @@ fn collectives(group: &Group) {
                             b[..s].copy_from_slice(&inp[e * s..(e + 1) * s]);
                             acc.wrapping_add(match s {
                                 1 => u64::from(b[0]),
-                                4 => i32::from_le_bytes(b[..4].try_into().expect("4")) as i64 as u64,
+                                4 => {
+                                    i32::from_le_bytes(b[..4].try_into().expect("4")) as i64 as u64
+                                }
                                 _ => u64::from_le_bytes(b),
                             })
                         });
@@ -138,12 +140,16 @@ fn collectives(group: &Group) {
         let mine = Array::from_slice(&pattern::pattern("int32", n as u64, rank, n), [n * 4]);
         let mine = ops::view(&mine, DType::I32);
         let theirs = if rank % 2 == 0 {
-            distributed::send(&mine, right, Some(group)).eval().expect("send");
+            distributed::send(&mine, right, Some(group))
+                .eval()
+                .expect("send");
             distributed::recv([n], DType::I32, left, Some(group))
         } else {
             let got = distributed::recv([n], DType::I32, left, Some(group));
             got.eval().expect("recv");
-            distributed::send(&mine, right, Some(group)).eval().expect("send");
+            distributed::send(&mine, right, Some(group))
+                .eval()
+                .expect("send");
             got
         };
         assert_eq!(
@@ -171,12 +177,19 @@ fn transforms(group: &Group) {
             .multiply(&ops::arange(0.0f32, size, 1.0f32))
             .sum(..)
     });
-    let gx = g(&Array::from_slice(&[5.0f32], [1])).expect("grad").to_vec::<f32>().expect("values");
+    let gx = g(&Array::from_slice(&[5.0f32], [1]))
+        .expect("grad")
+        .to_vec::<f32>()
+        .expect("values");
     assert_eq!(gx, [rank]);
     // vmap keeps the batch axis for reductions.
     let batched = vmap(|x: &Array| distributed::all_sum(x, Some(group)));
     let xs = array![[1.0, 2.0], [3.0, 4.0]];
-    let ys = batched.call(&xs).expect("vmap").to_vec::<f32>().expect("values");
+    let ys = batched
+        .call(&xs)
+        .expect("vmap")
+        .to_vec::<f32>()
+        .expect("values");
     assert_eq!(ys, [size, 2.0 * size, 3.0 * size, 4.0 * size]);
     println!("DONE");
 }
@@ -184,7 +197,9 @@ fn transforms(group: &Group) {
 /// The last rank exits after one collective; the others run a second one.
 fn lost_peer(group: &Group) {
     let x = array![1.0, 2.0];
-    distributed::all_sum(&x, Some(group)).eval().expect("first all_sum");
+    distributed::all_sum(&x, Some(group))
+        .eval()
+        .expect("first all_sum");
     if group.rank() + 1 == group.size() {
         println!("EXITING");
         std::process::exit(0);
@@ -196,7 +211,9 @@ fn lost_peer(group: &Group) {
     println!("ERROR {err}");
     println!("WAITED {:?}", started.elapsed());
     let again = Instant::now();
-    let err2 = distributed::all_sum(&x, Some(group)).eval().expect_err("still failed");
+    let err2 = distributed::all_sum(&x, Some(group))
+        .eval()
+        .expect_err("still failed");
     println!("AGAIN {err2}");
     assert!(again.elapsed() < Duration::from_secs(1));
     println!("DONE");
@@ -231,6 +248,7 @@ fn job(
     timeout_secs: &str,
     skip: &[usize],
 ) -> Vec<procs::Finished> {
+    let _one_job_at_a_time = procs::exclusive();
     let dir = procs::scratch(name);
     let nodes = ports::free_nodes(ranks, conns);
     let hostfile = procs::write_hostfile(&dir, &nodes);
@@ -349,8 +367,14 @@ fn a_peer_that_exits_fails_the_others_naming_it() {
     procs::assert_all_ok("lost peer", &finished);
     for f in &finished[..2] {
         let error = find_tagged(&f.output, "ERROR ");
-        assert!(error.contains("rank 2"), "the error names the lost rank: {error}");
-        assert!(error.contains("all_sum #1"), "the error names the operation: {error}");
+        assert!(
+            error.contains("rank 2"),
+            "the error names the lost rank: {error}"
+        );
+        assert!(
+            error.contains("all_sum #1"),
+            "the error names the operation: {error}"
+        );
         let again = find_tagged(&f.output, "AGAIN ");
         assert!(again.contains("failed earlier"), "{again}");
     }
@@ -363,10 +387,17 @@ fn a_rank_that_never_starts_fails_init_within_the_timeout() {
     }
     let started = Instant::now();
     let finished = job("never-starts", "collectives", 3, 1, "2", &[1]);
-    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
     for f in &finished {
         assert_eq!(f.code, Some(3), "{}", f.output);
         let line = find_tagged(&f.output, "INIT FAILED ");
-        assert!(line.contains("rank 1"), "the error names the missing rank: {line}");
+        assert!(
+            line.contains("rank 1"),
+            "the error names the missing rank: {line}"
+        );
     }
 }

@@ -1,18 +1,27 @@
 //! A first run of the ring over the simulator.
-use std::time::Duration;
 use nuvec_core::DType;
 use nuvec_distributed::RingCommunicator;
 use nuvec_distributed::reduce::Reduction;
 use nuvec_fabric_sim::{Outcome, Sim};
+use std::time::Duration;
 
 #[test]
 fn four_ranks_sum_floats() {
-    for (ranks, links, n) in [(2, 1, 10usize), (4, 2, 10), (3, 1, 2), (4, 2, 1 << 20), (5, 3, 1000)] {
+    for (ranks, links, n) in [
+        (2, 1, 10usize),
+        (4, 2, 10),
+        (3, 1, 2),
+        (4, 2, 1 << 20),
+        (5, 3, 1000),
+    ] {
         let report = Sim::ring(ranks, links).seed(7).run(|fabric| {
             let rank = nuvec_distributed::fabric::Fabric::rank(&fabric);
             let comm = RingCommunicator::new(fabric, links, Duration::from_secs(30));
-            let mut data: Vec<u8> = (0..n).flat_map(|i| ((i + rank) as f32).to_le_bytes()).collect();
-            comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data).map(|_| data)
+            let mut data: Vec<u8> = (0..n)
+                .flat_map(|i| ((i + rank) as f32).to_le_bytes())
+                .collect();
+            comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data)
+                .map(|_| data)
         });
         let expect: Vec<u8> = (0..n)
             .flat_map(|i| ((0..ranks).map(|r| (i + r) as f32).sum::<f32>()).to_le_bytes())
@@ -23,6 +32,9 @@ fn four_ranks_sum_floats() {
                 other => panic!("{other:?}"),
             }
         }
-        println!("{ranks} {links} {n}: end {:?} hash {:x}", report.end, report.trace_hash);
+        println!(
+            "{ranks} {links} {n}: end {:?} hash {:x}",
+            report.end, report.trace_hash
+        );
     }
 }

@@ -9,7 +9,11 @@ use nuvec_core::DType;
 use nuvec_distributed::reduce::Reduction;
 use nuvec_distributed::{Options, connect_ring};
 
-fn run_ring<T: Send>(ranks: usize, conns: usize, body: impl Fn(nuvec_distributed::RingGroup) -> T + Sync) -> Vec<T> {
+fn run_ring<T: Send>(
+    ranks: usize,
+    conns: usize,
+    body: impl Fn(nuvec_distributed::RingGroup) -> T + Sync,
+) -> Vec<T> {
     let nodes = ports::free_nodes(ranks, conns);
     let options = Options::default().timeout(Duration::from_secs(20));
     std::thread::scope(|s| {
@@ -19,7 +23,10 @@ fn run_ring<T: Send>(ranks: usize, conns: usize, body: impl Fn(nuvec_distributed
                 s.spawn(move || body(connect_ring(nodes, rank, options).expect("connect")))
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     })
 }
 
@@ -29,15 +36,100 @@ fn float_sums_over_loopback_match_the_exact_sum() {
         let out = run_ring(ranks, conns, |g| {
             let rank = g.rank();
             let comm = g.communicator().expect("a ring");
-            let mut data: Vec<u8> = (0..n).flat_map(|i| (((i * 7 + rank) % 1000) as f32).to_le_bytes()).collect();
-            comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data).expect("all_sum");
+            let mut data: Vec<u8> = (0..n)
+                .flat_map(|i| (((i * 7 + rank) % 1000) as f32).to_le_bytes())
+                .collect();
+            comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data)
+                .expect("all_sum");
             data
         });
         let expect: Vec<u8> = (0..n)
-            .flat_map(|i| ((0..ranks).map(|r| ((i * 7 + r) % 1000) as f32).sum::<f32>()).to_le_bytes())
+            .flat_map(|i| {
+                ((0..ranks).map(|r| ((i * 7 + r) % 1000) as f32).sum::<f32>()).to_le_bytes()
+            })
             .collect();
         for d in out {
             assert!(d == expect, "ranks {ranks} conns {conns} n {n}");
         }
     }
+}
+
+#[test]
+fn health_names_a_peer_that_closed_and_close_releases_the_group() {
+    let closed = std::sync::Barrier::new(3);
+    let out = run_ring(3, 1, |g| {
+        let comm = g.communicator().expect("a ring");
+        let mut data = vec![0u8; 64];
+        comm.try_all_reduce(Reduction::Sum, DType::U8, &mut data)
+            .expect("all_sum");
+        assert!(g.health().is_empty(), "{:?}", g.health());
+        // Everyone agrees before rank 2 leaves.
+        comm.try_all_reduce(Reduction::Sum, DType::U8, &mut data)
+            .expect("all_sum");
+        if g.rank() == 2 {
+            g.close();
+            let err = comm
+                .try_all_reduce(Reduction::Sum, DType::U8, &mut data)
+                .expect_err("closed");
+            assert!(err.to_string().contains("closed"), "{err}");
+            closed.wait();
+            return Vec::new();
+        }
+        // The others find out without running a collective: on loopback the close has reached
+        // their sockets by the time rank 2 passes the barrier.
+        closed.wait();
+        let down = g.health();
+        g.close();
+        down
+    });
+    for (rank, down) in out.iter().enumerate().take(2) {
+        assert!(
+            down.iter().any(|(peer, _)| *peer == 2),
+            "rank {rank} reports {down:?}"
+        );
+    }
+    // A new group forms in the same process after the old one closed.
+    let again = run_ring(3, 1, |g| {
+        let mut data = vec![1u8; 8];
+        g.communicator()
+            .expect("a ring")
+            .try_all_reduce(Reduction::Sum, DType::U8, &mut data)
+            .expect("all_sum");
+        data
+    });
+    assert!(again.iter().all(|d| d == &vec![3u8; 8]));
+}
+
+#[test]
+fn a_ring_over_ipv6_loopback_works() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("no IPv6 loopback on this machine; skipping");
+        return;
+    }
+    let nodes: Vec<Vec<String>> = (0..2)
+        .map(|_| {
+            let l = std::net::TcpListener::bind("[::1]:0").expect("bind");
+            vec![format!("[::1]:{}", l.local_addr().expect("addr").port())]
+        })
+        .collect();
+    let options = Options::default().timeout(Duration::from_secs(10));
+    let out: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|rank| {
+                let (nodes, options) = (&nodes, &options);
+                s.spawn(move || {
+                    let g = connect_ring(nodes, rank, options).expect("connect over IPv6");
+                    let mut d = vec![rank as u8 + 1; 3000];
+                    g.communicator()
+                        .expect("ring")
+                        .try_all_reduce(Reduction::Max, DType::U8, &mut d)
+                        .expect("all_max");
+                    g.close();
+                    d
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    assert!(out.iter().all(|d| d.iter().all(|&b| b == 2)));
 }

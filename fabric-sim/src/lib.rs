@@ -25,12 +25,14 @@
 //! the wire against an independent model of MLX's protocol). When a property fails, print
 //! [`Report::replay`]: the seed replays the same run.
 
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use nuvec_core::distributed::Group;
+use nuvec_distributed::RingCommunicator;
 use nuvec_distributed::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Wiring,
 };
@@ -91,13 +93,17 @@ pub struct Sim {
     window: usize,
     faults: Vec<Fault>,
     record_wire: bool,
+    /// Connections per neighbour, for a ring made by [`Sim::ring`].
+    ring_links: Option<usize>,
 }
 
 impl Sim {
     /// A job of `ranks` ranks in MLX's ring with one connection per neighbour, seed 0 (or
     /// [`SEED_VAR`]), 5 µs ± 5 µs latency, 10 GB/s, fragments up to 64 KiB, 256 KiB windows.
     pub fn ring(ranks: usize, links: usize) -> Self {
-        Self::new(Wiring::ring(ranks, links))
+        let mut sim = Self::new(Wiring::ring(ranks, links));
+        sim.ring_links = Some(links);
+        sim
     }
 
     /// A job over any wiring.
@@ -112,6 +118,7 @@ impl Sim {
             window: 256 * 1024,
             faults: Vec::new(),
             record_wire: false,
+            ring_links: None,
         }
     }
 
@@ -169,6 +176,40 @@ impl Sim {
     /// The number of ranks.
     pub fn size(&self) -> usize {
         self.wiring.size()
+    }
+
+    /// Runs `body` on every rank with its `nuvec_core` group: MLX's ring over this simulated
+    /// fabric, every operation bounded by `timeout` of virtual time. This is how to test your
+    /// own distributed nuvec code in one process, deterministically:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nuvec_core::{array, distributed};
+    /// use nuvec_fabric_sim::Sim;
+    ///
+    /// let report = Sim::ring(3, 1).seed(42).run_ring(Duration::from_secs(30), |group| {
+    ///     let x = array![1.0, 2.0];
+    ///     distributed::all_sum(&x, Some(&group)).to_vec::<f32>()
+    /// });
+    /// for outcome in report.outcomes {
+    ///     assert_eq!(outcome.returned().unwrap().unwrap(), [3.0, 6.0]);
+    /// }
+    /// ```
+    ///
+    /// # Panics
+    /// If the simulation was not made by [`Sim::ring`].
+    pub fn run_ring<T, F>(&self, timeout: Duration, body: F) -> Report<T>
+    where
+        T: Send,
+        F: Fn(Group) -> T + Sync,
+    {
+        let links = self
+            .ring_links
+            .expect("run_ring needs a simulation made by Sim::ring");
+        self.run(|fabric| {
+            let comm = RingCommunicator::new(fabric, links, timeout);
+            body(Group::new(Arc::new(comm)))
+        })
     }
 
     /// Runs `body` on every rank at once, each with its fabric, and reports every outcome.
@@ -338,7 +379,10 @@ impl Shared {
     fn wait_turn(&self, rank: usize) {
         let mut world = self.lock();
         while world.turn != Some(rank) {
-            world = self.turn.wait(world).unwrap_or_else(PoisonError::into_inner);
+            world = self
+                .turn
+                .wait(world)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 
@@ -364,16 +408,28 @@ impl Shared {
     }
 
     /// Hands the turn to the scheduler and waits to get it back.
-    fn yield_turn<'a>(&'a self, mut world: MutexGuard<'a, World>, rank: usize) -> MutexGuard<'a, World> {
+    fn yield_turn<'a>(
+        &'a self,
+        mut world: MutexGuard<'a, World>,
+        rank: usize,
+    ) -> MutexGuard<'a, World> {
         world.schedule();
         self.turn.notify_all();
         while world.turn != Some(rank) {
-            world = self.turn.wait(world).unwrap_or_else(PoisonError::into_inner);
+            world = self
+                .turn
+                .wait(world)
+                .unwrap_or_else(PoisonError::into_inner);
         }
         world
     }
 
-    fn run(&self, rank: usize, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+    fn run(
+        &self,
+        rank: usize,
+        step: &mut [Transfer<'_>],
+        deadline: Duration,
+    ) -> Result<(), FabricError> {
         let mut world = self.lock();
         let call = world.ranks[rank].calls;
         world.ranks[rank].calls += 1;
@@ -424,7 +480,14 @@ impl Shared {
                 chan.queued += data.len() as u64;
                 p.mark = chan.queued;
                 let h = fnv(data);
-                world.hash(&[1, rank as u64, channel.peer as u64, channel.link as u64, data.len() as u64, h]);
+                world.hash(&[
+                    1,
+                    rank as u64,
+                    channel.peer as u64,
+                    channel.link as u64,
+                    data.len() as u64,
+                    h,
+                ]);
             }
         }
         world.pump_all();
@@ -455,7 +518,8 @@ impl Shared {
                                 return Err(fail(t, done, FailureKind::Closed));
                             }
                         }
-                        p.done = data.len() - (p.mark.saturating_sub(chan.sent) as usize).min(data.len());
+                        p.done = data.len()
+                            - (p.mark.saturating_sub(chan.sent) as usize).min(data.len());
                     }
                     Transfer::Recv { channel, landing } => {
                         if blocked_recv.contains(channel) {
@@ -466,7 +530,11 @@ impl Shared {
                         let want = landing.len() - p.done;
                         let incoming = world.incoming_mut(rank, *channel);
                         let avail = incoming.arrived.len();
-                        let take = if avail >= want { want } else { avail - avail % grain };
+                        let take = if avail >= want {
+                            want
+                        } else {
+                            avail - avail % grain
+                        };
                         if take > 0 {
                             let bytes: Vec<u8> = incoming.arrived.drain(..take).collect();
                             landing.deliver(p.done, &bytes);
@@ -571,15 +639,29 @@ struct Wire {
     record: Vec<u8>,
 }
 
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     /// A fragment sent by `rank` on its channel `(peer, link)` reaches the far end.
-    Arrive { rank: usize, peer: usize, link: usize },
-    Crash { rank: usize },
-    StallEnd { rank: usize },
-    Stall { rank: usize, until_nanos: u64 },
-    Cut { rank: usize, peer: usize, link: usize },
+    Arrive {
+        rank: usize,
+        peer: usize,
+        link: usize,
+    },
+    Crash {
+        rank: usize,
+    },
+    StallEnd {
+        rank: usize,
+    },
+    Stall {
+        rank: usize,
+        until_nanos: u64,
+    },
+    Cut {
+        rank: usize,
+        peer: usize,
+        link: usize,
+    },
 }
 
 struct World {
@@ -695,7 +777,10 @@ impl World {
     fn hash(&mut self, words: &[u64]) {
         for &w in words {
             self.trace ^= w;
-            self.trace = self.trace.wrapping_mul(0x0000_0100_0000_01b3).rotate_left(17);
+            self.trace = self
+                .trace
+                .wrapping_mul(0x0000_0100_0000_01b3)
+                .rotate_left(17);
         }
     }
 
@@ -761,7 +846,8 @@ impl World {
             let start = wire.busy_until.max(now);
             let on_wire = Duration::from_nanos((size as u128 * 1_000_000_000 / bps as u128) as u64);
             wire.busy_until = start + on_wire;
-            let arrival = (wire.busy_until + latency + Duration::from_nanos(jitter_ns)).max(wire.last_arrival);
+            let arrival = (wire.busy_until + latency + Duration::from_nanos(jitter_ns))
+                .max(wire.last_arrival);
             wire.last_arrival = arrival;
             wire.sent += size as u64;
             wire.in_flight_bytes += size;

@@ -137,7 +137,9 @@ fn accept_all(
         let stream = loop {
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    log.debug(format_args!("accepted {peer} on {address} (connection {c})"));
+                    log.debug(format_args!(
+                        "accepted {peer} on {address} (connection {c})"
+                    ));
                     break stream;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -185,7 +187,9 @@ fn connect_all(
             let mut last = String::from("no address");
             let mut connected = None;
             for addr in &addrs {
-                let left = deadline.saturating_duration_since(now).max(Duration::from_millis(1));
+                let left = deadline
+                    .saturating_duration_since(now)
+                    .max(Duration::from_millis(1));
                 match TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))) {
                     Ok(s) => {
                         connected = Some(s);

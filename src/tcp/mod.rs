@@ -110,39 +110,6 @@ impl TcpFabric {
             epoch: Instant::now(),
         })
     }
-
-    /// Whether each peer's connections are still open, as far as the kernel knows without
-    /// sending anything: `Err` names the first closed or failed connection.
-    pub(crate) fn probe(&mut self) -> Vec<(usize, Result<(), String>)> {
-        let mut out = Vec::new();
-        for (peer, row) in self.links.iter().enumerate() {
-            if row.is_empty() {
-                continue;
-            }
-            let mut state = Ok(());
-            for (link, l) in row.iter().enumerate() {
-                let mut byte = [0u8; 1];
-                match l.stream.peek(&mut byte) {
-                    Ok(0) => {
-                        state = Err(format!("link {link}: the connection was closed by the peer"));
-                        break;
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => {
-                        state = Err(format!("link {link}: {e}"));
-                        break;
-                    }
-                }
-                if let Ok(Some(e)) = l.stream.take_error() {
-                    state = Err(format!("link {link}: {e}"));
-                    break;
-                }
-            }
-            out.push((peer, state));
-        }
-        out
-    }
 }
 
 /// How far one transfer of a step has got.
@@ -216,7 +183,10 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
             while p.done < len {
                 // Never read past this receive's end: the next bytes belong to the next one.
                 let room = (link.scratch.len() - p.pending).min(len - p.done - p.pending);
-                let read = match link.stream.read(&mut link.scratch[p.pending..p.pending + room]) {
+                let read = match link
+                    .stream
+                    .read(&mut link.scratch[p.pending..p.pending + room])
+                {
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -257,6 +227,30 @@ impl Fabric for TcpFabric {
 
     fn now(&self) -> Duration {
         self.epoch.elapsed()
+    }
+
+    fn probe(&mut self) -> Vec<(usize, String)> {
+        let mut down = Vec::new();
+        for (peer, row) in self.links.iter().enumerate() {
+            for (link, l) in row.iter().enumerate() {
+                let mut byte = [0u8; 1];
+                let state = match l.stream.peek(&mut byte) {
+                    Ok(0) => Some("the connection was closed by the peer".to_string()),
+                    Ok(_) => None,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+                    Err(e) => Some(e.to_string()),
+                };
+                let state = state.or_else(|| match l.stream.take_error() {
+                    Ok(Some(e)) => Some(e.to_string()),
+                    _ => None,
+                });
+                if let Some(what) = state {
+                    down.push((peer, format!("link {link}: {what}")));
+                    break;
+                }
+            }
+        }
+        down
     }
 
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {

@@ -55,8 +55,20 @@ pub fn dtype_size(dtype: &str) -> Option<usize> {
 
 /// All dtype names understood by [`pattern`].
 pub const DTYPES: [&str; 14] = [
-    "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16",
-    "bfloat16", "float32", "float64", "complex64",
+    "bool",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
 ];
 
 /// The float pattern value of `x` as f32 bits.

@@ -18,6 +18,14 @@ pub struct Finished {
     pub output: String,
 }
 
+/// Holds every other job of this test binary off while one runs: the machines have two cores,
+/// and jobs of several processes each would otherwise compete for them.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A scratch directory under the target directory, fresh for this name.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir()
@@ -62,7 +70,12 @@ pub fn run_each(dir: &Path, commands: Vec<Command>, timeout: Duration) -> Vec<Fi
     run(dir, commands, timeout, false)
 }
 
-fn run(dir: &Path, commands: Vec<Command>, timeout: Duration, stop_on_failure: bool) -> Vec<Finished> {
+fn run(
+    dir: &Path,
+    commands: Vec<Command>,
+    timeout: Duration,
+    stop_on_failure: bool,
+) -> Vec<Finished> {
     let mut children: Vec<(Child, PathBuf)> = commands
         .into_iter()
         .enumerate()
@@ -90,7 +103,9 @@ fn run(dir: &Path, commands: Vec<Command>, timeout: Duration, stop_on_failure: b
             }
         }
         let failed = stop_on_failure
-            && codes.iter().any(|c| matches!(c, Some(code) if *code != Some(0)));
+            && codes
+                .iter()
+                .any(|c| matches!(c, Some(code) if *code != Some(0)));
         if codes.iter().all(Option::is_some) || failed || Instant::now() >= deadline {
             break;
         }
@@ -124,7 +139,11 @@ pub fn assert_all_ok(what: &str, finished: &[Finished]) {
     }
     let mut report = format!("{what} failed:\n");
     for (r, f) in finished.iter().enumerate() {
-        report += &format!("---- rank {r}: exit {:?} ----\n{}\n", f.code, f.output.trim_end());
+        report += &format!(
+            "---- rank {r}: exit {:?} ----\n{}\n",
+            f.code,
+            f.output.trim_end()
+        );
     }
     panic!("{report}");
 }

@@ -1,0 +1,139 @@
+//! The README's main job: an all_sum across N ranks over TCP on this machine.
+//!
+//! `cargo run --release --ignore-rust-version --example all_sum -- -n 4` starts 4 local ranks
+//! (processes of this example, over loopback), each of which joins the ring with
+//! `nuvec_distributed::init`, checks an all_sum of small arrays, then times all_sums of
+//! growing float32 arrays; rank 0 prints the results and the bandwidth. Under `mlx.launch`
+//! (which sets `MLX_HOSTFILE` and `MLX_RANK`) the same binary runs as one rank:
+//! `mlx.launch -n 4 target/release/examples/all_sum`.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nuvec_core::{Array, array, distributed, ops};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> Result<()> {
+    if std::env::var_os("MLX_RANK").is_some() {
+        return rank();
+    }
+    let mut args = std::env::args().skip(1);
+    let mut ranks = 4usize;
+    let mut conns = 1usize;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-n" | "--ranks" => ranks = args.next().ok_or("-n needs a number")?.parse()?,
+            "-c" | "--connections" => conns = args.next().ok_or("-c needs a number")?.parse()?,
+            "-h" | "--help" => {
+                println!("usage: all_sum [-n RANKS] [-c CONNECTIONS_PER_RANK]");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)").into()),
+        }
+    }
+    launch(ranks.max(1), conns.max(1))
+}
+
+/// Starts `ranks` copies of this program as the ranks of a local ring and waits for them.
+fn launch(ranks: usize, conns: usize) -> Result<()> {
+    // Free loopback ports: bind port 0, note the port, release it.
+    let mut nodes = Vec::new();
+    {
+        let listeners: Vec<Vec<TcpListener>> = (0..ranks)
+            .map(|_| {
+                (0..conns)
+                    .map(|_| TcpListener::bind("127.0.0.1:0"))
+                    .collect()
+            })
+            .collect::<std::io::Result<_>>()?;
+        for row in &listeners {
+            nodes.push(
+                row.iter()
+                    .map(|l| l.local_addr().map(|a| a.to_string()))
+                    .collect::<std::io::Result<Vec<_>>>()?,
+            );
+        }
+    }
+    let hostfile = std::env::temp_dir().join(format!("nuvec-all-sum-{}.json", std::process::id()));
+    std::fs::write(&hostfile, nuvec_distributed::hostfile::write(&nodes))?;
+    println!(
+        "{ranks} ranks, {conns} connection(s) per neighbour, hostfile {}",
+        hostfile.display()
+    );
+    let exe = std::env::current_exe()?;
+    let mut children = (0..ranks)
+        .map(|r| {
+            Command::new(&exe)
+                .env("MLX_HOSTFILE", &hostfile)
+                .env("MLX_RANK", r.to_string())
+                .stdout(if r == 0 {
+                    Stdio::inherit()
+                } else {
+                    Stdio::null()
+                })
+                .spawn()
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut failed = false;
+    for (r, child) in children.iter_mut().enumerate() {
+        let status = child.wait()?;
+        if !status.success() {
+            eprintln!("rank {r} exited with {status}");
+            failed = true;
+        }
+    }
+    let _ = std::fs::remove_file(&hostfile);
+    if failed {
+        return Err("a rank failed".into());
+    }
+    Ok(())
+}
+
+/// One rank: join the ring, check, and time.
+fn rank() -> Result<()> {
+    let group = nuvec_distributed::init(true)?;
+    let (r, n) = (group.rank(), group.size());
+    // Every rank contributes [r, 1]: the sum is [0 + 1 + … + (n−1), n] on every rank.
+    let x = array![r as f32, 1.0];
+    let total = distributed::all_sum(&x, None).to_vec::<f32>()?;
+    println!("rank {r} of {n}: all_sum([rank, 1]) = {total:?}");
+    assert_eq!(total, [(n * (n - 1) / 2) as f32, n as f32]);
+    if r == 0 {
+        println!(
+            "{:>12} {:>10} {:>12} {:>12}",
+            "bytes", "p50 (µs)", "algbw GB/s", "busbw GB/s"
+        );
+    }
+    let mut bytes = 4096usize;
+    while bytes <= 64 << 20 {
+        let elements = bytes / 4;
+        let x = ops::full([elements], 1.0f32);
+        x.eval()?;
+        let reps = (256 << 20) / bytes.max(1 << 20) + 4;
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            // A barrier, so every rank starts the timed all_sum together.
+            distributed::all_sum(&Array::from(0.0f32), None).eval()?;
+            let start = Instant::now();
+            let y = distributed::all_sum(&x, None);
+            y.eval()?;
+            times.push(start.elapsed());
+        }
+        let y = distributed::all_sum(&x, None).to_vec::<f32>()?;
+        assert!(y.iter().all(|&v| v == n as f32), "wrong all_sum result");
+        times.sort();
+        let p50: Duration = times[times.len() / 2];
+        let algbw = bytes as f64 / p50.as_secs_f64() / 1e9;
+        let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
+        if r == 0 {
+            println!(
+                "{bytes:>12} {:>10.1} {algbw:>12.2} {busbw:>12.2}",
+                p50.as_secs_f64() * 1e6
+            );
+        }
+        bytes *= 4;
+    }
+    Ok(())
+}
