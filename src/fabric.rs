@@ -275,6 +275,27 @@ impl FabricError {
     }
 }
 
+/// The transfer of a step to blame when the step's deadline passes: the unfinished one that
+/// made the least progress (by fraction), receives before sends, so that the error names the
+/// peer that went silent rather than a live neighbour that is waiting like us.
+///
+/// `done(i)` is how many bytes transfer `i` moved. Returns `None` when every transfer is done.
+pub fn most_stuck(step: &[Transfer<'_>], done: impl Fn(usize) -> usize) -> Option<usize> {
+    step.iter()
+        .enumerate()
+        .filter(|(i, t)| done(*i) < t.len())
+        .min_by(|(i, a), (j, b)| {
+            let fa = done(*i) as f64 / a.len() as f64;
+            let fb = done(*j) as f64 / b.len() as f64;
+            let recv_a = a.direction() == Direction::Recv;
+            let recv_b = b.direction() == Direction::Recv;
+            recv_b
+                .cmp(&recv_a)
+                .then(fa.partial_cmp(&fb).unwrap_or(std::cmp::Ordering::Equal))
+        })
+        .map(|(i, _)| i)
+}
+
 /// One rank's connections to its peers: see the [module documentation](self).
 pub trait Fabric {
     /// This rank.

@@ -219,6 +219,28 @@ fn lost_peer(group: &Group) {
     println!("DONE");
 }
 
+/// The last rank sends itself `signal` at the start of its second all_sum of 16 MiB; the
+/// others report the error they get and how long it took.
+fn signalled(group: &Group, signal: &str) {
+    let x = ops::full([4usize << 20], 1.0f32);
+    distributed::all_sum(&x, Some(group))
+        .eval()
+        .expect("first all_sum");
+    if group.rank() + 1 == group.size() {
+        let pid = std::process::id().to_string();
+        let mut kill = std::process::Command::new("kill");
+        kill.args([signal, &pid]);
+        kill.spawn().expect("run kill");
+    }
+    let started = Instant::now();
+    let result = distributed::all_sum(&x, Some(group)).eval();
+    match result {
+        Ok(()) => println!("SUCCEEDED"),
+        Err(e) => println!("ERROR {e}"),
+    }
+    println!("WAITED_MS {}", started.elapsed().as_millis());
+}
+
 #[test]
 fn a_rank_runs_its_scenario() {
     if !procs::is_child(CHILD_TEST) {
@@ -234,6 +256,8 @@ fn a_rank_runs_its_scenario() {
         "collectives" => collectives(&group),
         "transforms" => transforms(&group),
         "lost_peer" => lost_peer(&group),
+        "sigkill" => signalled(&group, "-KILL"),
+        "sigstop" => signalled(&group, "-STOP"),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -247,6 +271,19 @@ fn job(
     conns: usize,
     timeout_secs: &str,
     skip: &[usize],
+) -> Vec<procs::Finished> {
+    job_until(name, scenario, ranks, conns, timeout_secs, skip, None)
+}
+
+/// As [`job`]; with `until`, waits only for those ranks and kills the rest.
+fn job_until(
+    name: &str,
+    scenario: &str,
+    ranks: usize,
+    conns: usize,
+    timeout_secs: &str,
+    skip: &[usize],
+    until: Option<&[usize]>,
 ) -> Vec<procs::Finished> {
     let _one_job_at_a_time = procs::exclusive();
     let dir = procs::scratch(name);
@@ -263,10 +300,11 @@ fn job(
             cmd
         })
         .collect();
-    if skip.is_empty() {
-        procs::run_all(&dir, commands, Duration::from_secs(300))
-    } else {
-        procs::run_each(&dir, commands, Duration::from_secs(300))
+    let timeout = Duration::from_secs(300);
+    match until {
+        Some(ranks) => procs::run_until(&dir, commands, timeout, ranks),
+        None if skip.is_empty() => procs::run_all(&dir, commands, timeout),
+        None => procs::run_each(&dir, commands, timeout),
     }
 }
 
@@ -400,4 +438,55 @@ fn a_rank_that_never_starts_fails_init_within_the_timeout() {
             "the error names the missing rank: {line}"
         );
     }
+}
+
+/// Runs a 3-rank job whose last rank signals itself mid-collective, and checks that the other
+/// two fail naming it, within the timeout (plus slack for loaded machines).
+fn the_others_fail_naming_the_signalled_rank(scenario: &str, timeout_secs: u64) {
+    let started = Instant::now();
+    let finished = job_until(
+        scenario,
+        scenario,
+        3,
+        1,
+        &timeout_secs.to_string(),
+        &[],
+        Some(&[0, 1]),
+    );
+    for (rank, f) in finished.iter().enumerate().take(2) {
+        assert_eq!(f.code, Some(0), "rank {rank}:\n{}", f.output);
+        let error = find_tagged(&f.output, "ERROR ");
+        assert!(
+            error.contains("rank 2"),
+            "rank {rank}'s error names rank 2: {error}"
+        );
+        let waited: u64 = find_tagged(&f.output, "WAITED_MS ")
+            .parse()
+            .expect("milliseconds");
+        assert!(
+            waited <= timeout_secs * 1000 + 2000,
+            "rank {rank} waited {waited} ms for a {timeout_secs} s timeout"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_rank_killed_mid_collective_fails_the_others_naming_it() {
+    if procs::is_child(CHILD_TEST) {
+        return;
+    }
+    the_others_fail_naming_the_signalled_rank("sigkill", 20);
+}
+
+#[test]
+fn a_stalled_rank_fails_the_others_naming_it_within_the_timeout() {
+    if procs::is_child(CHILD_TEST) {
+        return;
+    }
+    the_others_fail_naming_the_signalled_rank("sigstop", 3);
 }

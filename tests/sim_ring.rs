@@ -56,7 +56,7 @@ use nuvec_distributed::reduce::Reduction;
 use nuvec_distributed::{Error, RingCommunicator};
 use nuvec_fabric_sim::{Fault, Outcome, Report, SEED_VAR, Sim, SimFabric};
 use proptest::prelude::*;
-use proptest::test_runner::{Config as ProptestConfig, TestCaseError};
+use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence, TestCaseError};
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -978,11 +978,15 @@ struct Ran {
 }
 
 fn hexs(bytes: &[u8]) -> String {
+    hex_upto(bytes, 24)
+}
+
+fn hex_upto(bytes: &[u8], max: usize) -> String {
     let mut s = String::new();
-    for b in bytes.iter().take(24) {
+    for b in bytes.iter().take(max) {
         let _ = write!(s, "{b:02x}");
     }
-    if bytes.len() > 24 {
+    if bytes.len() > max {
         let _ = write!(s, "… ({} bytes)", bytes.len());
     }
     s
@@ -1013,8 +1017,11 @@ fn run_case(case: &Case, verbose: bool) -> Result<Ran, String> {
         for (i, op) in case.ops.iter().enumerate() {
             println!("op {i}: {op}");
             for (r, input) in inputs[i].iter().enumerate() {
-                println!("  rank {r} input    {}", hexs(input));
-                println!("  rank {r} expected {}", hexs(&want.results[i][r]));
+                println!("  rank {r} input    {}", hex_upto(input, 2048));
+                println!(
+                    "  rank {r} expected {}",
+                    hex_upto(&want.results[i][r], 2048)
+                );
             }
         }
         for (r, o) in report.outcomes.iter().enumerate() {
@@ -1197,6 +1204,10 @@ fn property(case: &Case) -> Result<(), TestCaseError> {
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
         cases,
+        // Integration tests have no lib.rs for proptest's default location.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/sim_ring.txt",
+        ))),
         max_shrink_iters: 64,
         max_shrink_time: 60_000,
         ..ProptestConfig::default()

@@ -34,7 +34,7 @@ use std::time::Duration;
 use nuvec_core::distributed::Group;
 use nuvec_distributed::RingCommunicator;
 use nuvec_distributed::fabric::{
-    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Wiring,
+    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Wiring, most_stuck,
 };
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -567,13 +567,8 @@ impl Shared {
             }
             if world.now >= deadline {
                 let waited = world.now.saturating_sub(started);
-                let (i, p) = step
-                    .iter()
-                    .zip(progress.iter())
-                    .enumerate()
-                    .find(|(_, (t, p))| p.done < t.len())
-                    .map(|(i, (_, p))| (i, p.done))
-                    .unwrap_or((0, 0));
+                let i = most_stuck(step, |i| progress[i].done).unwrap_or(0);
+                let p = progress[i].done;
                 world.hash(&[4, rank as u64]);
                 return Err(fail(&step[i], p, FailureKind::TimedOut { waited }));
             }

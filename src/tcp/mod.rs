@@ -23,6 +23,7 @@ use mio::{Events, Interest, Poll, Token};
 use crate::error::Error;
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer,
+    most_stuck,
 };
 use crate::log::Log;
 
@@ -307,16 +308,12 @@ impl Fabric for TcpFabric {
             }
             let now = self.now();
             if now >= deadline {
-                let (t, p) = step
-                    .iter()
-                    .zip(progress.iter())
-                    .find(|(t, p)| p.done < t.len())
-                    .expect("an unfinished transfer");
+                let i = most_stuck(step, |i| progress[i].done).unwrap_or(0);
                 return Err(FabricError {
-                    channel: t.channel(),
-                    direction: t.direction(),
-                    done: p.done,
-                    total: t.len(),
+                    channel: step[i].channel(),
+                    direction: step[i].direction(),
+                    done: progress[i].done,
+                    total: step[i].len(),
                     kind: FailureKind::TimedOut {
                         waited: now.saturating_sub(started),
                     },

@@ -61,13 +61,24 @@ pub fn is_child(test: &str) -> bool {
 /// exit, one fails (then the others are killed), or `timeout` passes (then all are killed).
 /// Returns every rank's status and output.
 pub fn run_all(dir: &Path, commands: Vec<Command>, timeout: Duration) -> Vec<Finished> {
-    run(dir, commands, timeout, true)
+    run(dir, commands, timeout, true, None)
+}
+
+/// As [`run_all`], but waits only until the ranks in `ranks` have exited (whatever their
+/// status), then kills the others.
+pub fn run_until(
+    dir: &Path,
+    commands: Vec<Command>,
+    timeout: Duration,
+    ranks: &[usize],
+) -> Vec<Finished> {
+    run(dir, commands, timeout, false, Some(ranks))
 }
 
 /// As [`run_all`], but a failing rank does not stop the others: each runs to its end (or the
 /// timeout).
 pub fn run_each(dir: &Path, commands: Vec<Command>, timeout: Duration) -> Vec<Finished> {
-    run(dir, commands, timeout, false)
+    run(dir, commands, timeout, false, None)
 }
 
 fn run(
@@ -75,6 +86,7 @@ fn run(
     commands: Vec<Command>,
     timeout: Duration,
     stop_on_failure: bool,
+    until: Option<&[usize]>,
 ) -> Vec<Finished> {
     let mut children: Vec<(Child, PathBuf)> = commands
         .into_iter()
@@ -106,7 +118,8 @@ fn run(
             && codes
                 .iter()
                 .any(|c| matches!(c, Some(code) if *code != Some(0)));
-        if codes.iter().all(Option::is_some) || failed || Instant::now() >= deadline {
+        let enough = until.is_some_and(|ranks| ranks.iter().all(|&r| codes[r].is_some()));
+        if codes.iter().all(Option::is_some) || failed || enough || Instant::now() >= deadline {
             break;
         }
         // Polling the children's status: std has no wait-with-timeout for a set of children.
