@@ -58,6 +58,7 @@ mod log;
 mod options;
 pub mod reduce;
 pub mod ring;
+pub mod stream;
 pub mod tcp;
 
 pub use backend::{Backend, RingGroup, connect_ring, is_available};

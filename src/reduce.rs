@@ -256,16 +256,29 @@ fn select<T: Lane>(op: Reduction) -> fn(&mut [u8], &[u8]) {
 fn kernel<T: Lane, const OP: u8>(local: &mut [u8], received: &[u8]) {
     assert_eq!(local.len(), received.len());
     assert_eq!(local.len() % T::SIZE, 0);
-    if cfg!(target_endian = "little")
-        && let (Ok(l), Ok(r)) = (
-            bytemuck::try_cast_slice_mut::<u8, T::Bits>(&mut *local),
-            bytemuck::try_cast_slice::<u8, T::Bits>(received),
-        )
-    {
-        T::combine_slice::<OP>(l, r);
+    // Typed views need the element's alignment (and a little-endian host).
+    let typed = |bytes: &[u8]| {
+        cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, T::Bits>(bytes).is_ok()
+    };
+    if typed(local) {
+        let local: &mut [T::Bits] = bytemuck::cast_slice_mut(local);
+        if typed(received) {
+            T::combine_slice::<OP>(local, bytemuck::cast_slice(received));
+        } else {
+            // Only `received` is unaligned: decode it a block at a time.
+            let mut r = [T::Bits::zeroed(); BLOCK];
+            for (lc, rc) in local
+                .chunks_mut(BLOCK)
+                .zip(received.chunks(BLOCK * T::SIZE))
+            {
+                let r = &mut r[..lc.len()];
+                decode::<T>(rc, r);
+                T::combine_slice::<OP>(lc, r);
+            }
+        }
         return;
     }
-    // Unaligned (or a big-endian host): decode blocks into aligned stack buffers.
+    // `local` is unaligned: decode both, reduce, encode back.
     let mut l = [T::Bits::zeroed(); BLOCK];
     let mut r = [T::Bits::zeroed(); BLOCK];
     for (lc, rc) in local
@@ -274,16 +287,20 @@ fn kernel<T: Lane, const OP: u8>(local: &mut [u8], received: &[u8]) {
     {
         let n = lc.len() / T::SIZE;
         let (l, r) = (&mut l[..n], &mut r[..n]);
-        for (d, s) in l.iter_mut().zip(lc.chunks_exact(T::SIZE)) {
-            *d = T::from_le(s);
-        }
-        for (d, s) in r.iter_mut().zip(rc.chunks_exact(T::SIZE)) {
-            *d = T::from_le(s);
-        }
+        decode::<T>(lc, l);
+        decode::<T>(rc, r);
         T::combine_slice::<OP>(l, r);
         for (&s, d) in l.iter().zip(lc.chunks_exact_mut(T::SIZE)) {
             T::to_le(s, d);
         }
+    }
+}
+
+/// Decodes little-endian `bytes` into `out` (one element per `T::SIZE` bytes).
+#[inline(always)]
+fn decode<T: Lane>(bytes: &[u8], out: &mut [T::Bits]) {
+    for (d, s) in out.iter_mut().zip(bytes.chunks_exact(T::SIZE)) {
+        *d = T::from_le(s);
     }
 }
 
@@ -602,6 +619,14 @@ macro_rules! half_lanes {
 
 half_lanes!(F16Lane, Bf16Lane);
 
+/// Some element of `xs` is an infinity or a NaN (branch-free, vectorises).
+#[inline(always)]
+fn has_inf_or_nan<H: HalfLane>(xs: &[u16]) -> bool {
+    xs.iter()
+        .fold(0u16, |any, &x| any | mask(x & H::INF == H::INF))
+        != 0
+}
+
 /// `local[i] = local[i] ⊕ received[i]` for a half type.
 #[inline(always)]
 fn half_combine_slice<H: HalfLane, const OP: u8>(local: &mut [u16], received: &[u16]) {
@@ -611,13 +636,19 @@ fn half_combine_slice<H: HalfLane, const OP: u8>(local: &mut [u16], received: &[
             let mut rounded = [0u16; BLOCK];
             for (lc, rc) in local.chunks_mut(BLOCK).zip(received.chunks(BLOCK)) {
                 let n = lc.len();
-                let (sums, rounded) = (&mut sums[..n], &mut rounded[..n]);
+                let sums = &mut sums[..n];
                 for ((s, &l), &r) in sums.iter_mut().zip(lc.iter()).zip(rc) {
                     *s = H::widen(l) + H::widen(r);
                 }
-                H::narrow_block(sums, rounded);
-                for ((l, &r), &s) in lc.iter_mut().zip(rc).zip(rounded.iter()) {
-                    *l = half_sum::<H>(s, *l, r);
+                if has_inf_or_nan::<H>(lc) || has_inf_or_nan::<H>(rc) {
+                    let rounded = &mut rounded[..n];
+                    H::narrow_block(sums, rounded);
+                    for ((l, &r), &s) in lc.iter_mut().zip(rc).zip(rounded.iter()) {
+                        *l = half_sum::<H>(s, *l, r);
+                    }
+                } else {
+                    // All finite: the rounded sums are the result (overflow rounds to inf).
+                    H::narrow_block(sums, lc);
                 }
             }
         }

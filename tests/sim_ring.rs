@@ -6,8 +6,7 @@
 //! `src/reduce.rs`):
 //!
 //! - **results**: every rank's all-reduce equals the model's fold in MLX's association order,
-//!   bit for bit (float32/float64/complex64 *sums* accept any NaN where the fold has a NaN: the
-//!   NaN payload of a hardware add is unspecified, as `src/reduce.rs` documents), and all
+//!   bit for bit (NaN bits included, with the NaN rules `src/reduce.rs` documents), and all
 //!   ranks are bitwise equal; all-gather is the rank-order concatenation; send/recv deliver
 //!   exactly;
 //! - **wire**: with `record_wire(true)`, every `(sender, sender's channel)` stream equals,
@@ -738,15 +737,12 @@ fn send_recv_peers(rank: usize, ranks: usize, leftward: bool) -> (usize, usize) 
 struct Expected {
     /// `results[op][rank]`.
     results: Vec<Vec<Vec<u8>>>,
-    /// Per op: the NaN-lane width where any NaN matches (float sums).
-    lax: Vec<Option<usize>>,
     wire: Wire,
 }
 
 fn expected(case: &Case, inputs: &[Vec<Vec<u8>>]) -> Result<Expected, String> {
     let mut wire = Wire::new();
     let mut results = Vec::new();
-    let mut lax = Vec::new();
     for (i, op) in case.ops.iter().enumerate() {
         let label = format!("op {i} ({op})");
         let inp = &inputs[i];
@@ -755,21 +751,18 @@ fn expected(case: &Case, inputs: &[Vec<Vec<u8>>]) -> Result<Expected, String> {
                 let lockstep =
                     mlx_model::all_reduce_wire(&mut wire, &label, dtype, red, case.links, inp);
                 let folded = mlx_model::fold(dtype, red, case.links, inp);
-                let l = Lane::of(dtype).lax_nan_width(red);
                 for (r, got) in lockstep.iter().enumerate() {
-                    if !mlx_model::values_equal(got, &folded, l) {
+                    if *got != folded {
                         return Err(format!(
                             "MODEL BUG: {label}: the lockstep run of rank {r} disagrees with the fold"
                         ));
                     }
                 }
                 results.push(vec![folded; case.ranks]);
-                lax.push(l);
             }
             Op::Gather { .. } => {
                 let all = mlx_model::all_gather_wire(&mut wire, &label, case.links, inp);
                 results.push(vec![all; case.ranks]);
-                lax.push(None);
             }
             Op::SendRecv { leftward, .. } => {
                 let mut per_rank = Vec::new();
@@ -781,11 +774,10 @@ fn expected(case: &Case, inputs: &[Vec<Vec<u8>>]) -> Result<Expected, String> {
                     per_rank.push(inp[src].clone());
                 }
                 results.push(per_rank);
-                lax.push(None);
             }
         }
     }
-    Ok(Expected { results, lax, wire })
+    Ok(Expected { results, wire })
 }
 
 // =============================================================================================
@@ -1112,7 +1104,7 @@ fn check(
             match &run.result {
                 Ok(got) => {
                     let expect = &want.results[i][r];
-                    if !mlx_model::values_equal(got, expect, want.lax[i]) {
+                    if got != expect {
                         let at = got
                             .iter()
                             .zip(expect)
@@ -1402,14 +1394,29 @@ fn the_reference_reduction_keeps_mlx_operand_rules() {
     assert_eq!(c(Lane::F32, Reduction::Min, &f(1.0), &f(nan)), f(1.0));
     assert_eq!(c(Lane::F32, Reduction::Max, &f(-0.0), &f(0.0)), f(-0.0));
     assert_eq!(c(Lane::F32, Reduction::Min, &f(0.0), &f(-0.0)), f(0.0));
+    // float32 sums: received's NaN (quieted) wins, then local's.
+    let sn = f32::from_bits(0x7F80_0001);
+    assert_eq!(
+        c(Lane::F32, Reduction::Sum, &f(nan), &f(sn)),
+        0x7FC0_0001u32.to_le_bytes()
+    );
+    assert_eq!(
+        c(Lane::F32, Reduction::Sum, &f(sn), &f(2.0)),
+        0x7FC0_0001u32.to_le_bytes()
+    );
     // Half types: NaN sums get MLX's patterns.
     let h = |x: u16| x.to_le_bytes();
     assert_eq!(
         c(Lane::Bf16, Reduction::Sum, &h(0xFFC1), &h(0x3F80)),
         h(0x7FC0)
     );
+    // float16 NaN sums: the sign of received's NaN, else local's, else the default NaN's.
     assert_eq!(
         c(Lane::F16, Reduction::Sum, &h(0xFE01), &h(0x7E00)),
+        h(0x7D00)
+    );
+    assert_eq!(
+        c(Lane::F16, Reduction::Sum, &h(0xFE01), &h(0x3C00)),
         h(0xFD00)
     );
     assert_eq!(

@@ -26,6 +26,7 @@ use crate::fabric::{
     most_stuck,
 };
 use crate::log::Log;
+use crate::stream::Reassembly;
 
 /// The scratch buffer of a receive that hands its bytes to the algorithm, per channel.
 const SCRATCH: usize = 256 * 1024;
@@ -117,8 +118,8 @@ impl TcpFabric {
 #[derive(Clone, Copy)]
 struct Progress {
     done: usize,
-    /// Bytes read into the link's scratch and not delivered yet (a partial element).
-    pending: usize,
+    /// For receives handed to a sink: the reassembly of whole elements.
+    stream: Reassembly,
 }
 
 fn failure(t: &Transfer<'_>, done: usize, e: &io::Error) -> FabricError {
@@ -181,13 +182,9 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
             if link.scratch.len() < SCRATCH.min(len) {
                 link.scratch.resize(SCRATCH.min(len).max(grain), 0);
             }
-            while p.done < len {
-                // Never read past this receive's end: the next bytes belong to the next one.
-                let room = (link.scratch.len() - p.pending).min(len - p.done - p.pending);
-                let read = match link
-                    .stream
-                    .read(&mut link.scratch[p.pending..p.pending + room])
-                {
+            while !p.stream.is_complete() {
+                let at = p.stream.next_read(link.scratch.len());
+                let read = match link.stream.read(&mut link.scratch[at]) {
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -195,15 +192,11 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
                     Err(e) => return Err(e),
                 };
                 moved = true;
-                let have = p.pending + read;
-                let whole = have - have % grain;
-                if whole > 0 {
-                    landing.deliver(p.done, &link.scratch[..whole]);
-                    p.done += whole;
-                }
-                link.scratch.copy_within(whole..have, 0);
-                p.pending = have - whole;
+                p.stream.absorb(&mut link.scratch, read, |offset, bytes| {
+                    landing.deliver(offset, bytes)
+                });
             }
+            p.done = p.stream.done();
         }
     }
     Ok(moved)
@@ -270,9 +263,14 @@ impl Fabric for TcpFabric {
         }
         let mut progress: smallvec::SmallVec<[Progress; 8]> = step
             .iter()
-            .map(|_| Progress {
+            .map(|t| Progress {
                 done: 0,
-                pending: 0,
+                stream: match t {
+                    Transfer::Recv { landing, .. } => {
+                        Reassembly::new(landing.len(), landing.grain())
+                    }
+                    Transfer::Send { .. } => Reassembly::new(0, 1),
+                },
             })
             .collect();
         loop {

@@ -97,19 +97,6 @@ impl Lane {
             Lane::U64 | Lane::I64 | Lane::F64 | Lane::C64 => 8,
         }
     }
-
-    /// For sums whose NaN bits the hardware chooses (float32, float64, complex64 lanes): the
-    /// width of one float lane. `src/reduce.rs` documents that a NaN float32/float64 sum is
-    /// "whatever NaN the host's floating-point unit produces" (MLX does not canonicalise it
-    /// either), and Rust does not specify NaN payload propagation, so two NaNs compare equal
-    /// there. `None` for everything else (compared bit for bit).
-    pub fn lax_nan_width(self, op: Reduction) -> Option<usize> {
-        match (self, op) {
-            (Lane::F32 | Lane::C64, Reduction::Sum) => Some(4),
-            (Lane::F64, Reduction::Sum) => Some(8),
-            _ => None,
-        }
-    }
 }
 
 fn rd<const N: usize>(b: &[u8]) -> [u8; N] {
@@ -135,23 +122,70 @@ fn f32_to_bf16_mlx(x: f32) -> u16 {
 }
 
 /// MLX's `_MLX_Float16` sum: add in float32, round once to nearest even; a NaN sum is
-/// `sign | 0x7D00`, the sign being that of the float32 NaN: `local`'s if it is NaN, else
-/// `received`'s if it is NaN, else the host's default NaN (`inf + -inf`). That is the rule
-/// `src/reduce.rs` documents; it assumes the C++ `float(lhs) + float(rhs)` keeps `lhs` (local)
-/// as the first hardware operand.
+/// `sign | 0x7D00`, the sign being that of the float32 NaN: `received`'s if it is NaN, else
+/// `local`'s if it is NaN, else the host's default NaN (`inf + -inf`). That is the rule
+/// `src/reduce.rs` documents (checked there against MLX 0.32.4 on x86-64).
 fn f16_sum(l: u16, r: u16) -> u16 {
     let s = f16::from_bits(l).to_f32() + f16::from_bits(r).to_f32();
     if s.is_nan() {
-        let sign = if f16_is_nan(l) {
-            l & 0x8000
-        } else if f16_is_nan(r) {
+        let sign = if f16_is_nan(r) {
             r & 0x8000
+        } else if f16_is_nan(l) {
+            l & 0x8000
         } else {
             DEFAULT_NAN_SIGN_F16
         };
         sign | 0x7D00
     } else {
         f16::from_f32(s).to_bits()
+    }
+}
+
+/// The default NaN of this host's FPU (`inf + -inf`), as float32 / float64 bits: x86's "real
+/// indefinite" is negative, ARM's and RISC-V's positive.
+const DEFAULT_NAN_F32: u32 = if cfg!(any(target_arch = "x86", target_arch = "x86_64")) {
+    0xFFC0_0000
+} else {
+    0x7FC0_0000
+};
+const DEFAULT_NAN_F64: u64 = if cfg!(any(target_arch = "x86", target_arch = "x86_64")) {
+    0xFFF8_0000_0000_0000
+} else {
+    0x7FF8_0000_0000_0000
+};
+
+/// float32 `local + received` with the NaN bits `src/reduce.rs` documents (checked there
+/// against MLX 0.32.4's x86-64 wheel, whose vectorised loop has `received` as the first
+/// `addps` operand): `received` quieted if it is NaN, else `local` quieted if it is NaN, else
+/// the default NaN if the sum is invalid (`inf + -inf`), else the IEEE sum.
+fn f32_sum(l: f32, r: f32) -> f32 {
+    if r.is_nan() {
+        f32::from_bits(r.to_bits() | 0x0040_0000)
+    } else if l.is_nan() {
+        f32::from_bits(l.to_bits() | 0x0040_0000)
+    } else {
+        let s = l + r;
+        if s.is_nan() {
+            f32::from_bits(DEFAULT_NAN_F32)
+        } else {
+            s
+        }
+    }
+}
+
+/// float64 `local + received`, with [`f32_sum`]'s NaN rule.
+fn f64_sum(l: f64, r: f64) -> f64 {
+    if r.is_nan() {
+        f64::from_bits(r.to_bits() | 0x0008_0000_0000_0000)
+    } else if l.is_nan() {
+        f64::from_bits(l.to_bits() | 0x0008_0000_0000_0000)
+    } else {
+        let s = l + r;
+        if s.is_nan() {
+            f64::from_bits(DEFAULT_NAN_F64)
+        } else {
+            s
+        }
     }
 }
 
@@ -199,7 +233,7 @@ pub fn combine_element(lane: Lane, op: Reduction, local: &[u8], received: &[u8],
             let l = f32::from_le_bytes(rd::<4>(local));
             let r = f32::from_le_bytes(rd::<4>(received));
             let v = match op {
-                Reduction::Sum => l + r,
+                Reduction::Sum => f32_sum(l, r),
                 _ => pick(op, l, r, l < r, r < l),
             };
             out[..4].copy_from_slice(&v.to_le_bytes());
@@ -208,7 +242,7 @@ pub fn combine_element(lane: Lane, op: Reduction, local: &[u8], received: &[u8],
             let l = f64::from_le_bytes(rd::<8>(local));
             let r = f64::from_le_bytes(rd::<8>(received));
             let v = match op {
-                Reduction::Sum => l + r,
+                Reduction::Sum => f64_sum(l, r),
                 _ => pick(op, l, r, l < r, r < l),
             };
             out[..8].copy_from_slice(&v.to_le_bytes());
@@ -245,7 +279,7 @@ pub fn combine_element(lane: Lane, op: Reduction, local: &[u8], received: &[u8],
             // MLX's complex64_t operator<: real parts first, then imaginary parts.
             let lt = |a: (f32, f32), b: (f32, f32)| a.0 < b.0 || (a.0 == b.0 && a.1 < b.1);
             let v = match op {
-                Reduction::Sum => (lre + rre, lim + rim),
+                Reduction::Sum => (f32_sum(lre, rre), f32_sum(lim, rim)),
                 _ => pick(
                     op,
                     (lre, lim),
@@ -483,9 +517,6 @@ pub struct Span {
     pub len: usize,
     /// What MLX was doing (op index, op, sub-reduce, step, segment).
     pub what: String,
-    /// Float lanes of this width may hold any NaN where the model has a NaN (see
-    /// [`Lane::lax_nan_width`]).
-    pub lax_nan: Option<usize>,
 }
 
 /// The bytes of one socket direction, with what produced them.
@@ -496,7 +527,7 @@ pub struct Stream {
 }
 
 impl Stream {
-    fn push(&mut self, bytes: &[u8], what: impl FnOnce() -> String, lax_nan: Option<usize>) {
+    fn push(&mut self, bytes: &[u8], what: impl FnOnce() -> String) {
         if bytes.is_empty() {
             return;
         }
@@ -504,7 +535,6 @@ impl Stream {
             start: self.bytes.len(),
             len: bytes.len(),
             what: what(),
-            lax_nan,
         });
         self.bytes.extend_from_slice(bytes);
     }
@@ -553,7 +583,6 @@ pub fn all_reduce_wire_with(
             v
         })
         .collect();
-    let lax = lane.lax_nan_width(op);
     // The K sub-reduces run in parallel in MLX, each on its own socket direction, so running
     // them one after the other gives the same bytes per socket.
     for sub in &plan.subs {
@@ -571,16 +600,12 @@ pub fn all_reduce_wire_with(
                 } else {
                     left(r, ranks, conns, sub.pair)
                 };
-                wire.entry((r, channel)).or_default().push(
-                    bytes,
-                    || {
-                        format!(
-                            "{label} sub-reduce {} (d={d}) step {t} segment {seg}",
-                            sub.index
-                        )
-                    },
-                    lax,
-                );
+                wire.entry((r, channel)).or_default().push(bytes, || {
+                    format!(
+                        "{label} sub-reduce {} (d={d}) step {t} segment {seg}",
+                        sub.index
+                    )
+                });
                 sent.push(bytes.to_vec());
             }
             // …and reads segment (r + d + t·d) from rank r + d.
@@ -632,11 +657,11 @@ pub fn all_gather_wire(wire: &mut Wire, label: &str, conns: usize, inputs: &[Vec
                 } else {
                     left(r, ranks, conns, i / 2)
                 };
-                wire.entry((r, channel)).or_default().push(
-                    &inputs[block][offset..offset + size],
-                    || format!("{label} gather {i} (d={d}) step {t} block {block}"),
-                    None,
-                );
+                wire.entry((r, channel))
+                    .or_default()
+                    .push(&inputs[block][offset..offset + size], || {
+                        format!("{label} gather {i} (d={d}) step {t} block {block}")
+                    });
             }
         }
     }
@@ -672,41 +697,15 @@ pub fn send_wire(
             left(from, ranks, conns, i)
         };
         let bytes = &data[i * segment_size..n.min((i + 1) * segment_size)];
-        wire.entry((from, channel)).or_default().push(
-            bytes,
-            || format!("{label} socket {i}"),
-            None,
-        );
+        wire.entry((from, channel))
+            .or_default()
+            .push(bytes, || format!("{label} socket {i}"));
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Comparison
 // ---------------------------------------------------------------------------------------------
-
-fn lanes_equal(a: &[u8], b: &[u8], lax: Option<usize>) -> bool {
-    match lax {
-        None => a == b,
-        Some(4) => a.chunks(4).zip(b.chunks(4)).all(|(x, y)| {
-            x == y
-                || (x.len() == 4
-                    && f32::from_le_bytes(rd::<4>(x)).is_nan()
-                    && f32::from_le_bytes(rd::<4>(y)).is_nan())
-        }),
-        Some(8) => a.chunks(8).zip(b.chunks(8)).all(|(x, y)| {
-            x == y
-                || (x.len() == 8
-                    && f64::from_le_bytes(rd::<8>(x)).is_nan()
-                    && f64::from_le_bytes(rd::<8>(y)).is_nan())
-        }),
-        Some(w) => panic!("lane width {w}"),
-    }
-}
-
-/// Whether `got` equals `want` element by element (NaN lanes equal under `lax`).
-pub fn values_equal(got: &[u8], want: &[u8], lax: Option<usize>) -> bool {
-    got.len() == want.len() && lanes_equal(got, want, lax)
-}
 
 fn hex(bytes: &[u8]) -> String {
     let mut s = String::new();
@@ -756,7 +755,7 @@ fn first_span_difference(got: &[u8], want: &Stream) -> Option<String> {
         let end = (span.start + span.len).min(got.len());
         let g = &got[span.start..end];
         let w = &want.bytes[span.start..end];
-        if !lanes_equal(g, w, span.lax_nan) {
+        if g != w {
             let first = g.iter().zip(w).position(|(a, b)| a != b).unwrap_or(0);
             let at = span.start + first;
             return Some(format!(
