@@ -161,7 +161,7 @@ pub fn connect_ring(
         )));
     }
     let log = Log::new(options.log, rank);
-    let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, &log)?;
+    let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, options.key.as_ref(), &log)?;
     let comm = Arc::new(RingCommunicator::new(fabric, conns, options.timeout).with_log(log));
     Ok(RingGroup {
         group: Group::new(comm.clone()),
@@ -193,6 +193,13 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
                     options.timeout = timeout;
                 }
                 options.log = env.log_level()?;
+                if let Some(secret) = env.key()? {
+                    options = options.key(secret).map_err(|_| {
+                        Error::Config(
+                            "NUVEC_DISTRIBUTED_KEY is too short (the value is not shown)".into(),
+                        )
+                    })?;
+                }
                 if ring.verbose {
                     options = options.verbose(true);
                 }

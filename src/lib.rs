@@ -48,6 +48,7 @@
 //! Stability: no promise when this crate is depended on directly; depend on nuvec, whose
 //! re-exports are semver-tracked.
 
+pub mod auth;
 pub mod backend;
 pub mod comm;
 mod env;

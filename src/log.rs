@@ -36,6 +36,11 @@ impl Log {
         self.emit(LogLevel::Error, args);
     }
 
+    /// Warnings: a rejected connection.
+    pub(crate) fn warn(&self, args: fmt::Arguments<'_>) {
+        self.emit(LogLevel::Warn, args);
+    }
+
     /// Progress of connection setup (MLX_RING_VERBOSE).
     pub(crate) fn info(&self, args: fmt::Arguments<'_>) {
         self.emit(LogLevel::Info, args);

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::auth::{Key, MIN_SECRET};
+use crate::error::Error;
 use crate::log::LogLevel;
 
 /// How a group is connected and run: every rank should use the same options.
@@ -21,6 +23,7 @@ pub struct Options {
     /// finished by then fails the group, naming the peer it was waiting for.
     pub timeout: Duration,
     pub(crate) log: LogLevel,
+    pub(crate) key: Option<Key>,
 }
 
 impl Default for Options {
@@ -28,6 +31,7 @@ impl Default for Options {
         Self {
             timeout: Duration::from_secs(30),
             log: LogLevel::Off,
+            key: None,
         }
     }
 }
@@ -42,6 +46,22 @@ impl Options {
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// Authenticates every connection with a pre-shared `secret` (at least 16 bytes, the same
+    /// on every rank; `NUVEC_DISTRIBUTED_KEY` for [`init`](crate::init)): a mutual
+    /// HMAC-SHA256 challenge-response before any data, so a stranger cannot join or block a
+    /// forming group (see [`auth`](crate::auth)). Without a key the wire is MLX's. The traffic
+    /// is not encrypted.
+    pub fn key(mut self, secret: impl AsRef<[u8]>) -> Result<Self, Error> {
+        let secret = secret.as_ref();
+        self.key = Some(Key::from_secret(secret).ok_or_else(|| {
+            Error::Config(format!(
+                "the key is {} bytes; it needs at least {MIN_SECRET} (the value is not shown)",
+                secret.len()
+            ))
+        })?);
+        Ok(self)
     }
 
     /// Prints connection setup and failures on standard error, as `MLX_RING_VERBOSE`.

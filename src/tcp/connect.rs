@@ -16,9 +16,14 @@ use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 
+use crate::auth::{self, Acceptor, Key, Opener};
 use crate::error::Error;
 use crate::hostfile;
 use crate::log::Log;
+
+/// The longest a connection may take to authenticate: a stranger that connects and says
+/// nothing holds up setup for no longer than this.
+const HANDSHAKE: Duration = Duration::from_secs(5);
 
 /// The sockets of one rank of a ring: `right[c]` was opened by this rank to its right
 /// neighbour's address c, `left[c]` was accepted on this rank's own address c.
@@ -33,6 +38,7 @@ pub(crate) fn connect_ring(
     nodes: &[Vec<String>],
     rank: usize,
     timeout: Duration,
+    key: Option<&Key>,
     log: &Log,
 ) -> Result<RingSockets, Error> {
     let size = nodes.len();
@@ -47,11 +53,21 @@ pub(crate) fn connect_ring(
     }
     let accept = |listeners| {
         log.info(format_args!("Rank {rank} accepting"));
-        accept_all(listeners, left, deadline, timeout, log).map_err(&fail)
+        let who = Who {
+            rank,
+            peer: left,
+            key,
+        };
+        accept_all(listeners, who, deadline, timeout, log).map_err(&fail)
     };
     let connect = || {
         log.info(format_args!("Rank {rank} connecting to {right}"));
-        connect_all(&nodes[right], right, deadline, timeout, log).map_err(&fail)
+        let who = Who {
+            rank,
+            peer: right,
+            key,
+        };
+        connect_all(&nodes[right], who, deadline, timeout, log).map_err(&fail)
     };
     let (opened, accepted) = if rank < right {
         let accepted = accept(listeners)?;
@@ -119,10 +135,96 @@ fn listen(address: &str) -> Result<(SocketAddr, TcpListener), String> {
     Err(last.unwrap_or_else(|| format!("cannot listen on {address}: it resolves to nothing")))
 }
 
-/// Accepts exactly one connection on each listener, in order.
+/// The two ends of the connections being made, and the key if they authenticate.
+#[derive(Clone, Copy)]
+struct Who<'a> {
+    rank: usize,
+    peer: usize,
+    key: Option<&'a Key>,
+}
+
+/// Runs `exchange` on `stream` in blocking mode with every read and write bounded by the
+/// handshake time (and the setup deadline).
+fn bounded<T>(
+    stream: &TcpStream,
+    deadline: Instant,
+    exchange: impl FnOnce(&TcpStream) -> io::Result<T>,
+) -> io::Result<T> {
+    let limit = deadline
+        .saturating_duration_since(Instant::now())
+        .min(HANDSHAKE)
+        .max(Duration::from_millis(1));
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(limit))?;
+    stream.set_write_timeout(Some(limit))?;
+    let result = exchange(stream);
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    result
+}
+
+/// The acceptor's half of the handshake on an accepted connection.
+fn authenticate_opener(
+    stream: &TcpStream,
+    who: Who<'_>,
+    link: usize,
+    key: &Key,
+    deadline: Instant,
+) -> Result<(), String> {
+    use std::io::{Read, Write};
+    bounded(stream, deadline, |mut s| {
+        let mut hello = [0u8; auth::HELLO];
+        s.read_exact(&mut hello)?;
+        let (acceptor, reply) =
+            Acceptor::new(key, who.rank as u32, who.peer as u32, link as u32, &hello)
+                .map_err(io::Error::other)?;
+        s.write_all(&reply)?;
+        let mut proof = [0u8; auth::NONCE];
+        s.read_exact(&mut proof)?;
+        acceptor.finish(&proof).map_err(io::Error::other)
+    })
+    .map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            "it sent no authentication in time".to_string()
+        }
+        io::ErrorKind::UnexpectedEof => "it closed the connection during authentication".into(),
+        _ => e.to_string(),
+    })
+}
+
+/// The opener's half of the handshake on a new connection.
+fn authenticate_acceptor(
+    stream: &TcpStream,
+    who: Who<'_>,
+    link: usize,
+    key: &Key,
+    deadline: Instant,
+) -> Result<(), String> {
+    use std::io::{Read, Write};
+    bounded(stream, deadline, |mut s| {
+        let opener = Opener::new(key, who.rank as u32, who.peer as u32, link as u32);
+        s.write_all(opener.hello())?;
+        let mut reply = [0u8; 2 * auth::NONCE];
+        s.read_exact(&mut reply)?;
+        let proof = opener.finish(&reply).map_err(io::Error::other)?;
+        s.write_all(&proof)
+    })
+    .map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            "it did not answer the authentication in time (no key on its side?)".to_string()
+        }
+        io::ErrorKind::UnexpectedEof => {
+            "it closed the connection during authentication (a different key?)".into()
+        }
+        _ => e.to_string(),
+    })
+}
+
+/// Accepts exactly one connection on each listener, in order; with a key, connections that
+/// fail to authenticate are dropped and the listener waits for the next one.
 fn accept_all(
     listeners: Vec<(String, (SocketAddr, TcpListener))>,
-    from: usize,
+    who: Who<'_>,
     deadline: Instant,
     timeout: Duration,
     log: &Log,
@@ -140,7 +242,17 @@ fn accept_all(
                     log.debug(format_args!(
                         "accepted {peer} on {address} (connection {c})"
                     ));
-                    break stream;
+                    let stream = TcpStream::from(stream);
+                    let Some(key) = who.key else {
+                        break stream;
+                    };
+                    match authenticate_opener(&stream, who, c, key, deadline) {
+                        Ok(()) => break stream,
+                        Err(why) => log.warn(format_args!(
+                            "rejected a connection from {peer} on {address} (connection {c}): {why}"
+                        )),
+                    }
+                    continue;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -149,7 +261,8 @@ fn accept_all(
             let now = Instant::now();
             if now >= deadline {
                 return Err(format!(
-                    "rank {from} never connected to {address} (connection {c}): timed out after {timeout:?}"
+                    "rank {} never connected to {address} (connection {c}): timed out after {timeout:?}",
+                    who.peer
                 ));
             }
             match poll.poll(&mut events, Some(deadline - now)) {
@@ -158,7 +271,6 @@ fn accept_all(
                 Err(e) => return Err(format!("waiting on {address}: {e}")),
             }
         };
-        let stream = TcpStream::from(stream);
         stream
             .set_nonblocking(false)
             .map_err(|e| format!("accepted socket on {address}: {e}"))?;
@@ -171,12 +283,13 @@ fn accept_all(
 /// not listening yet.
 fn connect_all(
     addresses: &[String],
-    to: usize,
+    who: Who<'_>,
     deadline: Instant,
     timeout: Duration,
     log: &Log,
 ) -> Result<Vec<TcpStream>, String> {
     let mut streams = Vec::with_capacity(addresses.len());
+    let to = who.peer;
     for (c, address) in addresses.iter().enumerate() {
         let addrs = hostfile::resolve(address).map_err(config_text)?;
         let mut wait = Duration::from_millis(10);
@@ -215,6 +328,11 @@ fn connect_all(
             std::thread::sleep(wait);
             wait = (wait * 2).min(Duration::from_millis(500));
         };
+        if let Some(key) = who.key {
+            authenticate_acceptor(&stream, who, c, key, deadline).map_err(|why| {
+                format!("authentication with rank {to} at {address} (connection {c}) failed: {why}")
+            })?;
+        }
         streams.push(stream);
     }
     Ok(streams)

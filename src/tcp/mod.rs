@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
 
+use crate::auth::Key;
 use crate::error::Error;
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer,
@@ -64,10 +65,11 @@ impl TcpFabric {
         nodes: &[Vec<String>],
         rank: usize,
         timeout: Duration,
+        key: Option<&Key>,
         log: &Log,
     ) -> Result<Self, Error> {
         let size = nodes.len();
-        let sockets = connect::connect_ring(nodes, rank, timeout, log)?;
+        let sockets = connect::connect_ring(nodes, rank, timeout, key, log)?;
         let right = (rank + 1) % size;
         let left = (rank + size - 1) % size;
         let mut by_peer: Vec<Vec<TcpStream>> = (0..size).map(|_| Vec::new()).collect();
