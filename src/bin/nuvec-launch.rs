@@ -1,0 +1,763 @@
+//! `nuvec-launch`: MLX's `mlx.launch` for the ring and JACCL backends, without Python.
+//!
+//! ```text
+//! nuvec-launch -n 4 target/release/examples/all_sum               # 4 local ranks, ring
+//! nuvec-launch --hosts 10.0.0.1,10.0.0.2 ./my_program             # one rank per host, ssh
+//! nuvec-launch --hostfile jaccl.json --backend jaccl-ring ./prog  # MLX's JSON host file
+//! ```
+//!
+//! The command line, the host file, the ports, the hostfile (`MLX_HOSTFILE`) or device file
+//! (`MLX_IBV_DEVICES`) and the exported variables are `mlx.launch`'s (see
+//! `nuvec_distributed::launch`, which holds all of that logic). Ranks on `127.0.0.1` or
+//! `localhost` are started directly, with one shared temporary file that is removed when the
+//! job ends; other ranks are started with `ssh -tt HOST SCRIPT`, the script `mlx.launch`
+//! sends (it writes the file with `mktemp` on that host).
+//!
+//! Each line a rank prints goes to the same stream of `nuvec-launch`, prefixed with
+//! `[rank R] `, and standard input is copied to every rank (only while `nuvec-launch` is in
+//! the terminal's foreground when standard input is a terminal). When a rank exits with a
+//! failure, every other rank is stopped (SIGTERM to it and its descendants, SIGKILL after
+//! 5 s; remote ranks also through `mlx.launch`'s PID-file kill script) and `nuvec-launch`
+//! exits with the failing rank's status (128 + N when signal N ended it).
+//!
+//! Signals: there is no signal handler (that needs `unsafe` or a dependency). Local ranks
+//! stay in `nuvec-launch`'s process group, so Ctrl-C in a terminal reaches every one of them
+//! directly, as with `mlx.launch`. When `nuvec-launch` itself dies (Ctrl-C, SIGTERM, SIGKILL,
+//! ...), a small watchdog process (`sh`, in its own process group, which notices the end of
+//! its standard input) waits 1 s, sends SIGTERM to the ranks still running and removes the
+//! temporary file.
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use nuvec_distributed::launch::{self, HostList, Parsed, Plan, RankPlan};
+
+/// How long stopped ranks get between SIGTERM and SIGKILL.
+const GRACE: Duration = Duration::from_secs(5);
+/// How long to wait for killed ranks (and remote kill scripts) after SIGKILL.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+/// How often the ranks' exit status is checked when nothing else wakes the loop.
+const POLL: Duration = Duration::from_millis(20);
+/// How long the ranks' output is still forwarded once every rank has exited (a process they
+/// left behind may keep their output open).
+const DRAIN: Duration = Duration::from_secs(1);
+
+fn main() {
+    let code = run();
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(code);
+}
+
+fn run() -> i32 {
+    let args = match launch::parse_args(std::env::args_os().skip(1)) {
+        Ok(Parsed::Help) => {
+            print!("{}", launch::USAGE);
+            return 0;
+        }
+        Ok(Parsed::Run(args)) => args,
+        Err(e) => return usage_failure(&e),
+    };
+    let list = match &args.hostfile {
+        Some(path) => HostList::from_file(path),
+        None => HostList::from_list(&args.hosts, args.repeat_hosts),
+    };
+    let list = match list {
+        Ok(list) => list,
+        Err(e) => return usage_failure(&e),
+    };
+    let terminal = launch::terminal_size(
+        std::env::var("COLUMNS").ok().as_deref(),
+        std::env::var("LINES").ok().as_deref(),
+        tty_size(),
+    );
+    let plan = match launch::plan(&args, list, terminal) {
+        Ok(plan) => plan,
+        Err(e) => return usage_failure(&e),
+    };
+    for e in &plan.ignored {
+        warn(&format!(
+            "'{e}' is an invalid environment variable so it is ignored"
+        ));
+    }
+    info(
+        plan.verbose,
+        &format!("Running {}", launch::shell_join(&args.command)),
+    );
+    Job::new(plan).run()
+}
+
+fn usage_failure(e: &launch::UsageError) -> i32 {
+    eprintln!("usage: nuvec-launch [options] [--] COMMAND [ARG]... (see nuvec-launch --help)");
+    eprintln!("nuvec-launch: error: {e}");
+    2
+}
+
+/// `mlx.launch`'s log line: `[TAG] message`, coloured when standard error is a terminal.
+fn log(color: &str, tag: &str, message: &str) {
+    let stderr = std::io::stderr();
+    let colored = stderr.is_terminal();
+    let mut out = stderr.lock();
+    let _ = if colored {
+        writeln!(out, "\x1b[{color}m{tag} {message} \x1b[0m")
+    } else {
+        writeln!(out, "{tag} {message}")
+    };
+}
+
+fn info(verbose: bool, message: &str) {
+    if verbose {
+        log("32", "[INFO]", message);
+    }
+}
+
+fn warn(message: &str) {
+    log("33", "[WARN]", message);
+}
+
+/// The terminal size of standard output as `(columns, lines)`, from `stty size`.
+fn tty_size() -> Option<(i64, i64)> {
+    let stdout = std::io::stdout();
+    if !stdout.is_terminal() {
+        return None;
+    }
+    let tty = stdout.as_fd().try_clone_to_owned().ok()?;
+    let out = Command::new("stty")
+        .arg("size")
+        .stdin(Stdio::from(tty))
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8(out.stdout).ok()?;
+    let mut words = text.split_whitespace();
+    let lines = words.next()?.parse().ok()?;
+    let columns = words.next()?.parse().ok()?;
+    Some((columns, lines))
+}
+
+/// Whether standard input is copied to the ranks: always unless it is a terminal of which
+/// this process is not in the foreground (reading it would stop this process, SIGTTIN).
+fn forward_stdin() -> bool {
+    if !std::io::stdin().is_terminal() {
+        return true;
+    }
+    Command::new("ps")
+        .args(["-o", "stat=", "-p", &std::process::id().to_string()])
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains('+'))
+}
+
+/// Sends `signal` (`TERM`, `KILL`) to `pids` with the `kill` command; false if it could not
+/// run.
+fn signal(signal: &str, pids: &[u32]) -> bool {
+    if pids.is_empty() {
+        return true;
+    }
+    Command::new("kill")
+        .args(["-s", signal])
+        .args(pids.iter().map(u32::to_string))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+/// The descendants of `root` (children first), from one `ps` snapshot.
+fn descendants(root: u32) -> Vec<u32> {
+    let Ok(out) = Command::new("ps")
+        .args(["-A", "-o", "pid=", "-o", "ppid="])
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return Vec::new();
+    };
+    let pairs: Vec<(u32, u32)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        for &(pid, ppid) in &pairs {
+            if ppid == parent && !found.contains(&pid) {
+                found.push(pid);
+            }
+        }
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// The status a shell would report: the exit code, or 128 + the signal.
+fn status_code(status: &ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    }
+}
+
+/// The temporary file local ranks share, removed when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn create(var: &str, contents: &str) -> std::io::Result<TempFile> {
+        let dir = std::env::temp_dir();
+        let stem = format!(
+            "nuvec-launch-{}-{}",
+            std::process::id(),
+            var.to_ascii_lowercase().replace('_', "-")
+        );
+        let mut attempt = 0;
+        loop {
+            let name = if attempt == 0 {
+                format!("{stem}.json")
+            } else {
+                format!("{stem}-{attempt}.json")
+            };
+            let path = dir.join(name);
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut file) => {
+                    let file_guard = TempFile(path);
+                    file.write_all(contents.as_bytes())?;
+                    return Ok(file_guard);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The watchdog: `sh` in its own process group that learns the ranks' PIDs on its standard
+/// input (`add PID`, `del PID`). When its input ends while ranks are listed (this process
+/// died without stopping them), it waits 1 s, sends them SIGTERM, waits up to 5 s for them to
+/// end, and removes the temporary files in any case.
+const WATCHDOG: &str = r#"pids=
+while IFS= read -r line; do
+  case $line in
+    "add "*) pids="$pids ${line#add }" ;;
+    "del "*) keep=; for p in $pids; do [ "$p" = "${line#del }" ] || keep="$keep $p"; done; pids=$keep ;;
+  esac
+done
+alive() { for p in $pids; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+if [ -n "$pids" ]; then
+  sleep 1
+  if alive; then
+    kill -s TERM $pids 2>/dev/null
+    i=0
+    while [ $i -lt 50 ] && alive; do sleep 0.1; i=$((i+1)); done
+  fi
+fi
+rm -f -- "$@"
+"#;
+
+struct Watchdog(Option<(Child, ChildStdin)>);
+
+impl Watchdog {
+    fn start(files: &[&Path], verbose: bool) -> Watchdog {
+        let spawned = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("nuvec-launch-watchdog")
+            .args(files)
+            .stdin(Stdio::piped())
+            .process_group(0)
+            .spawn();
+        match spawned {
+            Ok(mut child) => match child.stdin.take() {
+                Some(stdin) => Watchdog(Some((child, stdin))),
+                None => Watchdog(None),
+            },
+            Err(e) => {
+                info(verbose, &format!("no watchdog (sh: {e})"));
+                Watchdog(None)
+            }
+        }
+    }
+
+    fn tell(&mut self, what: &str, pid: u32) {
+        if let Some((_, stdin)) = &mut self.0 {
+            let _ = writeln!(stdin, "{what} {pid}");
+            let _ = stdin.flush();
+        }
+    }
+
+    /// Ends the watchdog once every rank it was told about is deleted: it removes the files
+    /// (already removed) and exits.
+    fn finish(&mut self) {
+        if let Some((child, stdin)) = self.0.take() {
+            drop(stdin);
+            drop(child);
+        }
+    }
+}
+
+/// Why the main loop wakes before its poll interval.
+enum Event {
+    /// A rank's output stream ended.
+    StreamClosed,
+}
+
+/// One rank while the job runs.
+struct Rank {
+    plan: RankPlan,
+    child: Option<Child>,
+    /// The exit status once known (or the code of a failed start).
+    code: Option<i32>,
+    /// Whether this launcher stopped it.
+    stopped: bool,
+    /// The remote PID file the rank's script printed first (remote ranks only).
+    pidfile: Option<Arc<Mutex<Option<String>>>>,
+}
+
+struct Job {
+    plan: Plan,
+    ranks: Vec<Rank>,
+    events: (Sender<Event>, Receiver<Event>),
+    open_streams: usize,
+    /// Remote kill scripts started to stop remote ranks.
+    kill_scripts: Vec<Child>,
+}
+
+impl Job {
+    fn new(plan: Plan) -> Job {
+        let ranks = plan
+            .ranks
+            .iter()
+            .map(|r| Rank {
+                plan: r.clone(),
+                child: None,
+                code: None,
+                stopped: false,
+                pidfile: (!r.local).then(|| Arc::new(Mutex::new(None))),
+            })
+            .collect();
+        Job {
+            plan,
+            ranks,
+            events: mpsc::channel(),
+            open_streams: 0,
+            kill_scripts: Vec::new(),
+        }
+    }
+
+    fn run(mut self) -> i32 {
+        let file = if self.plan.ranks.iter().any(|r| r.local) {
+            match TempFile::create(self.plan.file_var, &self.plan.file_bytes()) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    log(
+                        "31",
+                        "[ERROR]",
+                        &format!("cannot write the {} file: {e}", self.plan.file_var),
+                    );
+                    return 1;
+                }
+            }
+        } else {
+            None
+        };
+        let files: Vec<&Path> = file.iter().map(TempFile::path).collect();
+        let mut watchdog = Watchdog::start(&files, self.plan.verbose);
+        let launcher_cwd = std::env::current_dir()
+            .map(|d| d.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| ".".to_owned());
+        let file_path = file
+            .as_ref()
+            .map(|f| f.path().to_string_lossy().into_owned())
+            .unwrap_or_default();
+
+        let stdin_wanted = forward_stdin();
+        let mut stdins = Vec::new();
+        let mut failure: Option<(usize, i32)> = None;
+        for i in 0..self.ranks.len() {
+            match self.spawn(i, &file_path, &launcher_cwd, stdin_wanted) {
+                Ok(mut child) => {
+                    watchdog.tell("add", child.id());
+                    stdins.extend(child.stdin.take());
+                    self.ranks[i].child = Some(child);
+                }
+                Err(code) => {
+                    self.ranks[i].code = Some(code);
+                    failure = Some((i, code));
+                    break;
+                }
+            }
+        }
+        if stdin_wanted {
+            broadcast_stdin(stdins);
+        } else {
+            drop(stdins);
+        }
+
+        let code = self.supervise(failure, &mut watchdog);
+        self.drain();
+        self.finish_kill_scripts();
+        drop(file);
+        watchdog.finish();
+        code
+    }
+
+    /// Starts rank `i`; on failure reports it and returns the shell's status for it (127 for
+    /// a command not found, else 126).
+    fn spawn(
+        &mut self,
+        i: usize,
+        file_path: &str,
+        launcher_cwd: &str,
+        stdin: bool,
+    ) -> Result<Child, i32> {
+        let rank = self.ranks[i].plan.clone();
+        let mut cmd = if rank.local {
+            let mut cmd = Command::new(&self.plan.command[0]);
+            cmd.args(&self.plan.command[1..]);
+            for (key, value) in self.plan.rank_env(rank.rank, file_path) {
+                cmd.env(key, value);
+            }
+            if let Some(dir) = self.plan.cwd.as_deref().filter(|d| !d.is_empty()) {
+                if Path::new(dir).is_dir() {
+                    cmd.current_dir(dir);
+                    if let Ok(abs) = std::fs::canonicalize(dir) {
+                        cmd.env("PWD", abs);
+                    }
+                } else {
+                    self.say(
+                        rank.rank,
+                        true,
+                        &format!("Failed to change directory to {}", launch::shell_quote(dir)),
+                    );
+                }
+            }
+            cmd
+        } else {
+            let script = launch::launch_script(&self.plan, rank.rank, launcher_cwd, false);
+            let argv = launch::ssh_command(&rank.host, &script);
+            info(
+                self.plan.verbose,
+                &format!(
+                    "Rank {} on {}: {}",
+                    rank.rank,
+                    rank.host,
+                    launch::shell_join(&argv)
+                ),
+            );
+            let mut cmd = Command::new(&argv[0]);
+            cmd.args(&argv[1..]);
+            cmd
+        };
+        cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let pidfile = self.ranks[i].pidfile.clone();
+                if let Some(out) = child.stdout.take() {
+                    self.forward(rank.rank, out, false, pidfile);
+                }
+                if let Some(err) = child.stderr.take() {
+                    self.forward(rank.rank, err, true, None);
+                }
+                Ok(child)
+            }
+            Err(e) => {
+                let program = if rank.local {
+                    &self.plan.command[0]
+                } else {
+                    "ssh"
+                };
+                self.say(
+                    rank.rank,
+                    true,
+                    &format!(
+                        "nuvec-launch: cannot run {}: {e}",
+                        launch::shell_quote(program)
+                    ),
+                );
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                };
+                warn(&format!(
+                    "Node with rank {} exited with code {code}",
+                    rank.rank
+                ));
+                Err(code)
+            }
+        }
+    }
+
+    /// Prints one line as if rank `rank` had printed it.
+    fn say(&self, rank: usize, to_stderr: bool, line: &str) {
+        let text = format!("[rank {rank}] {line}\n");
+        if to_stderr {
+            let _ = std::io::stderr().lock().write_all(text.as_bytes());
+        } else {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+        }
+    }
+
+    /// Copies a rank's stream line by line to this process's, each line prefixed with the
+    /// rank; a remote rank's first stdout line is its PID file, kept rather than printed.
+    fn forward(
+        &mut self,
+        rank: usize,
+        stream: impl Read + Send + 'static,
+        to_stderr: bool,
+        pidfile: Option<Arc<Mutex<Option<String>>>>,
+    ) {
+        self.open_streams += 1;
+        let events = self.events.0.clone();
+        std::thread::spawn(move || {
+            let prefix = format!("[rank {rank}] ");
+            let mut reader = BufReader::new(stream);
+            let mut line = Vec::new();
+            let mut awaiting_pidfile = pidfile.is_some();
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if awaiting_pidfile {
+                    awaiting_pidfile = false;
+                    if let Some(slot) = &pidfile {
+                        let text = String::from_utf8_lossy(&line).trim().to_owned();
+                        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(text);
+                    }
+                    continue;
+                }
+                let mut text = Vec::with_capacity(prefix.len() + line.len() + 1);
+                text.extend_from_slice(prefix.as_bytes());
+                text.extend_from_slice(&line);
+                if !line.ends_with(b"\n") {
+                    text.push(b'\n');
+                }
+                if to_stderr {
+                    let _ = std::io::stderr().lock().write_all(&text);
+                } else {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(&text);
+                    let _ = out.flush();
+                }
+            }
+            let _ = events.send(Event::StreamClosed);
+        });
+    }
+
+    /// Waits for every rank; once one fails, stops the others. Returns the job's status.
+    fn supervise(&mut self, mut failure: Option<(usize, i32)>, watchdog: &mut Watchdog) -> i32 {
+        let verbose = self.plan.verbose;
+        let mut stopping_since: Option<Instant> = None;
+        let mut killed = false;
+        loop {
+            for r in &mut self.ranks {
+                let Some(child) = &mut r.child else { continue };
+                if r.code.is_some() {
+                    continue;
+                }
+                let status = match child.try_wait() {
+                    Ok(Some(status)) => status,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        warn(&format!("cannot wait for rank {}: {e}", r.plan.rank));
+                        ExitStatus::from_raw(1 << 8)
+                    }
+                };
+                watchdog.tell("del", child.id());
+                let code = status_code(&status);
+                r.code = Some(code);
+                let rank = r.plan.rank;
+                if r.stopped {
+                    warn(&format!("Node with rank {rank} was killed"));
+                } else if status.success() {
+                    info(verbose, &format!("Node with rank {rank} completed"));
+                } else {
+                    match status.signal() {
+                        Some(sig) => warn(&format!(
+                            "Node with rank {rank} was terminated by signal {sig}"
+                        )),
+                        None => warn(&format!("Node with rank {rank} exited with code {code}")),
+                    }
+                    failure.get_or_insert((rank, code));
+                }
+            }
+            let running = |r: &&mut Rank| r.child.is_some() && r.code.is_none();
+            if !self.ranks.iter_mut().any(|r| running(&r)) {
+                break;
+            }
+            if failure.is_some() && stopping_since.is_none() {
+                stopping_since = Some(Instant::now());
+                let mut scripts = Vec::new();
+                for r in self.ranks.iter_mut().filter(running) {
+                    scripts.extend(stop(r, verbose));
+                }
+                self.kill_scripts.extend(scripts);
+            }
+            if let Some(since) = stopping_since {
+                if !killed && since.elapsed() >= GRACE {
+                    killed = true;
+                    for r in self.ranks.iter_mut().filter(running) {
+                        if let Some(child) = &mut r.child {
+                            signal("KILL", &descendants(child.id()));
+                            let _ = child.kill();
+                        }
+                    }
+                }
+                if killed && since.elapsed() >= GRACE + KILL_WAIT {
+                    warn("some ranks did not end after SIGKILL; giving up on them");
+                    break;
+                }
+            }
+            match self.events.1.recv_timeout(POLL) {
+                Ok(Event::StreamClosed) => self.open_streams -= 1,
+                Err(_) => {}
+            }
+        }
+        failure.map_or(0, |(_, code)| code)
+    }
+
+    /// Forwards what is left of the ranks' output, for at most [`DRAIN`].
+    fn drain(&mut self) {
+        let deadline = Instant::now() + DRAIN;
+        while self.open_streams > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match self.events.1.recv_timeout(left) {
+                Ok(Event::StreamClosed) => self.open_streams -= 1,
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Waits for the remote kill scripts, for at most [`GRACE`], then kills them.
+    fn finish_kill_scripts(&mut self) {
+        let deadline = Instant::now() + GRACE;
+        for script in &mut self.kill_scripts {
+            loop {
+                match script.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() >= deadline => {
+                        let _ = script.kill();
+                        let _ = script.wait();
+                        break;
+                    }
+                    Ok(None) => {
+                        // Nothing to wake on: a kill script is a short ssh command.
+                        std::thread::sleep(POLL);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Stops a running rank: SIGTERM to its process and its descendants; for a remote rank also
+/// `mlx.launch`'s kill script through ssh, when its PID file is known (returned).
+fn stop(r: &mut Rank, verbose: bool) -> Option<Child> {
+    r.stopped = true;
+    let child = r.child.as_mut()?;
+    let mut pids = vec![child.id()];
+    pids.extend(descendants(child.id()));
+    if !signal("TERM", &pids) {
+        let _ = child.kill();
+    }
+    if r.plan.local {
+        return None;
+    }
+    let pidfile = r
+        .pidfile
+        .as_ref()?
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()?;
+    let argv = launch::kill_command(&r.plan.host, &pidfile);
+    info(
+        verbose,
+        &format!(
+            "Stopping rank {}: {}",
+            r.plan.rank,
+            launch::shell_join(&argv)
+        ),
+    );
+    Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()
+}
+
+/// Copies this process's standard input to every rank's, closing theirs when it ends.
+fn broadcast_stdin(stdins: Vec<ChildStdin>) {
+    let senders: Vec<Sender<Arc<[u8]>>> = stdins
+        .into_iter()
+        .map(|mut stdin| {
+            let (tx, rx) = mpsc::channel::<Arc<[u8]>>();
+            std::thread::spawn(move || {
+                for chunk in rx {
+                    if stdin
+                        .write_all(&chunk)
+                        .and_then(|()| stdin.flush())
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+            tx
+        })
+        .collect();
+    std::thread::spawn(move || {
+        let mut input = std::io::stdin().lock();
+        let mut buf = vec![0u8; 8192];
+        loop {
+            match input.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let chunk: Arc<[u8]> = Arc::from(&buf[..n]);
+                    for tx in &senders {
+                        let _ = tx.send(Arc::clone(&chunk));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    });
+}

@@ -1,0 +1,785 @@
+//! nuvec-launch: a real 4-rank all_sum over the ring, the JACCL environment, a failing rank stopping the others, the launcher's own death, and the environment compared with mlx.launch's.
+//!
+//! The ranks are this test binary run again (`launched_rank`, with `NUVEC_LAUNCH_TEST_ROLE`
+//! saying what to do) or small `sh` scripts. Every job runs with its own `TMPDIR`, so that the
+//! launchers' temporary files can be checked (nuvec-launch must leave none) and removed
+//! (mlx.launch leaves its own). Every wait is bounded; a job that outlives its bound is
+//! killed, with its descendants, and the test fails.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nuvec_core::{array, distributed};
+
+const LAUNCH: &str = env!("CARGO_BIN_EXE_nuvec-launch");
+/// What a launched copy of this binary does: `ring` or `dump`.
+const ROLE: &str = "NUVEC_LAUNCH_TEST_ROLE";
+/// The test a launched copy of this binary runs.
+const RANK_TEST: &str = "launched_rank";
+/// Variables that are not `MLX_*` but that a dump shows.
+const DUMPED: [&str; 6] = ["FOO", "QUOTE", "EMPTY", "FROM_HOSTFILE", "COLUMNS", "LINES"];
+
+/// A rank of a launched job when `NUVEC_LAUNCH_TEST_ROLE` is set; nothing otherwise.
+#[test]
+fn launched_rank() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("ring") => ring_rank(),
+        Ok("dump") => dump_rank(),
+        _ => {}
+    }
+}
+
+/// Joins the ring from the launch environment and prints the all_sum of `[rank, 1]`.
+fn ring_rank() {
+    let group = nuvec_distributed::init(true).expect("init from nuvec-launch's environment");
+    let (r, n) = (group.rank(), group.size());
+    let x = array![r as f32, 1.0];
+    let total = distributed::all_sum(&x, None)
+        .to_vec::<f32>()
+        .expect("all_sum");
+    let path = std::env::var("MLX_HOSTFILE").expect("MLX_HOSTFILE");
+    let hostfile = std::fs::read_to_string(path).expect("the hostfile");
+    println!(
+        "RESULT rank={r} size={n} sum={total:?} hostfile={}",
+        hostfile.trim_end()
+    );
+}
+
+/// Prints, in one line, every `MLX_*` variable and the [`DUMPED`] ones; the files that
+/// `MLX_HOSTFILE` and `MLX_IBV_DEVICES` name are shown by content.
+fn dump_rank() {
+    use std::io::Write;
+    let mut vars = BTreeMap::new();
+    for (key, value) in std::env::vars() {
+        if !key.starts_with("MLX_") && !DUMPED.contains(&key.as_str()) {
+            continue;
+        }
+        let value = if key == "MLX_HOSTFILE" || key == "MLX_IBV_DEVICES" {
+            match std::fs::read_to_string(&value) {
+                Ok(content) => format!("file:{content}"),
+                Err(e) => format!("unreadable {value}: {e}"),
+            }
+        } else {
+            value
+        };
+        vars.insert(key, value);
+    }
+    let cwd = std::env::current_dir().expect("current directory");
+    vars.insert("(cwd)".to_owned(), cwd.display().to_string());
+    let rank = std::env::var("MLX_RANK").unwrap_or_default();
+    let line = format!(
+        "DUMP {rank} {}\n",
+        serde_json::to_string(&vars).expect("json")
+    );
+    // One write, so that a launcher reading the pipe never splits the line.
+    std::io::stdout()
+        .lock()
+        .write_all(line.as_bytes())
+        .expect("write the dump");
+}
+
+/// The command that runs this binary as a launched rank.
+fn rank_command() -> Vec<String> {
+    vec![
+        std::env::current_exe()
+            .expect("this test binary")
+            .display()
+            .to_string(),
+        RANK_TEST.to_owned(),
+        "--exact".to_owned(),
+        "--nocapture".to_owned(),
+        "--test-threads=1".to_owned(),
+    ]
+}
+
+/// One job at a time: the machines have two cores and a job starts several processes.
+fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A fresh scratch directory, removed with its contents when dropped.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh scratch directory for `name`.
+fn scratch(name: &str) -> Scratch {
+    let dir =
+        std::env::temp_dir().join(format!("nuvec-launch-tests-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    Scratch(dir)
+}
+
+/// The names in `dir`.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read the directory")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `nuvec-launch ARGS`, with `TMPDIR` set to `tmp` and no terminal size in the environment.
+fn nuvec_launch(tmp: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(LAUNCH);
+    cmd.args(args)
+        .env("TMPDIR", tmp)
+        .env_remove("COLUMNS")
+        .env_remove("LINES");
+    cmd
+}
+
+/// A finished command.
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Finished {
+    fn describe(&self) -> String {
+        format!(
+            "exit {:?} after {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+/// `pid`'s descendants, from `ps`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let out = Command::new("ps")
+        .args(["-A", "-o", "pid=", "-o", "ppid="])
+        .output()
+        .expect("ps");
+    let pairs: Vec<(u32, u32)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect();
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        for &(p, pp) in &pairs {
+            if pp == parent && !found.contains(&p) {
+                found.push(p);
+            }
+        }
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+fn kill(signal: &str, pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .args(["-s", signal])
+        .args(pids.iter().map(u32::to_string))
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Whether `pid` has ended (gone, or a zombie nobody has reaped yet).
+fn ended(pid: u32) -> bool {
+    let out = Command::new("ps")
+        .args(["-o", "stat=", "-p", &pid.to_string()])
+        .output()
+        .expect("ps");
+    let stat = String::from_utf8_lossy(&out.stdout);
+    stat.trim().is_empty() || stat.trim_start().starts_with('Z')
+}
+
+/// Runs `cmd` to its end with its output captured; kills it and its descendants and fails
+/// the test if it takes longer than `limit`.
+fn run(mut cmd: Command, limit: Duration) -> Finished {
+    let start = Instant::now();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the launcher");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let output = match rx.recv_timeout(limit) {
+        Ok(output) => output.expect("wait for the launcher"),
+        Err(_) => {
+            let mut pids = descendants(pid);
+            pids.push(pid);
+            kill("KILL", &pids);
+            let partial = rx.recv_timeout(Duration::from_secs(10));
+            let text = partial
+                .ok()
+                .and_then(Result::ok)
+                .map(|o| {
+                    format!(
+                        "{}\n{}",
+                        String::from_utf8_lossy(&o.stdout),
+                        String::from_utf8_lossy(&o.stderr)
+                    )
+                })
+                .unwrap_or_default();
+            panic!("{cmd:?} did not end within {limit:?}; killed it\n{text}");
+        }
+    };
+    Finished {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        elapsed: start.elapsed(),
+    }
+}
+
+/// `n` consecutive free loopback ports: the first is the system's choice, the next ones are
+/// checked free (all released before returning; another process could take one meanwhile).
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..100 {
+        let first = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let base = first.local_addr().expect("address").port();
+        if u32::from(base) + u32::from(n) > 65535 {
+            continue;
+        }
+        let rest: Result<Vec<TcpListener>, _> = (1..n)
+            .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
+            .collect();
+        if rest.is_ok() {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free loopback ports");
+}
+
+/// The `RESULT`/`DUMP` payloads by rank, from lines `[rank R] TAG ...` (or `TAG R ...` for
+/// dumps, which carry their rank).
+fn tagged(stdout: &str, tag: &str) -> BTreeMap<usize, String> {
+    let mut found = BTreeMap::new();
+    for line in stdout.lines() {
+        let Some(at) = line.find(&format!("{tag} ")) else {
+            continue;
+        };
+        let payload = &line[at + tag.len() + 1..];
+        let (rank, rest) = if tag == "DUMP" {
+            let (r, rest) = payload.split_once(' ').expect("DUMP rank json");
+            (r.parse().expect("rank"), rest.to_owned())
+        } else {
+            let r = line
+                .strip_prefix("[rank ")
+                .and_then(|l| l.split_once(']'))
+                .map(|(r, _)| r.parse().expect("rank"))
+                .expect("a [rank R] prefix");
+            (r, payload.to_owned())
+        };
+        assert!(
+            found.insert(rank, rest).is_none(),
+            "two {tag} lines for rank {rank}"
+        );
+    }
+    found
+}
+
+#[test]
+fn four_local_ranks_run_a_real_all_sum_over_the_ring() {
+    let _job = exclusive();
+    let tmp = scratch("ring");
+    let port = free_ports(4);
+    let port_arg = port.to_string();
+    let mut args = vec![
+        "-n",
+        "4",
+        "--starting-port",
+        &port_arg,
+        "--env",
+        "NUVEC_LAUNCH_TEST_ROLE=ring",
+        "--env",
+        "NUVEC_DISTRIBUTED_TIMEOUT=30",
+        "--",
+    ];
+    let command = rank_command();
+    args.extend(command.iter().map(String::as_str));
+    let done = run(nuvec_launch(&tmp, &args), Duration::from_secs(120));
+    assert_eq!(done.code, Some(0), "{}", done.describe());
+    let results = tagged(&done.stdout, "RESULT");
+    assert_eq!(
+        results.keys().copied().collect::<Vec<_>>(),
+        [0, 1, 2, 3],
+        "{}",
+        done.describe()
+    );
+    let hostfile = format!(
+        "[[\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"]]",
+        port,
+        port + 1,
+        port + 2,
+        port + 3
+    );
+    for (rank, result) in &results {
+        assert_eq!(
+            result,
+            &format!("rank={rank} size=4 sum=[6.0, 4.0] hostfile={hostfile}"),
+            "{}",
+            done.describe()
+        );
+    }
+    // Every line a rank printed carries its prefix; nothing is left in TMPDIR.
+    for line in done.stdout.lines() {
+        assert!(line.starts_with("[rank "), "unprefixed line {line:?}");
+    }
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+}
+
+/// A JACCL host file of `hosts` local hosts with this `rdma` matrix.
+fn jaccl_hostfile(backend: &str, rdma: &[&str]) -> String {
+    let hosts: Vec<String> = rdma
+        .iter()
+        .map(|row| format!(r#"{{"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": {row}}}"#))
+        .collect();
+    format!(
+        r#"{{"backend": "{backend}", "envs": ["FROM_HOSTFILE=yes"], "hosts": [{}]}}"#,
+        hosts.join(", ")
+    )
+}
+
+const MESH: [&str; 3] = [
+    r#"[null, "rdma_en1", "rdma_en2"]"#,
+    r#"["rdma_en1", null, "rdma_en3"]"#,
+    r#"["rdma_en2", "rdma_en3", null]"#,
+];
+
+const RING: [&str; 4] = [
+    r#"[null, ["rdma_en1", "rdma_en2"], null, "rdma_en4"]"#,
+    r#"[["rdma_en1", "rdma_en2"], null, "rdma_en3", null]"#,
+    r#"[null, "rdma_en3", null, "rdma_en5"]"#,
+    r#"["rdma_en4", null, "rdma_en5", null]"#,
+];
+
+/// The dumps of a job, by rank.
+fn dumps(done: &Finished) -> BTreeMap<usize, BTreeMap<String, String>> {
+    tagged(&done.stdout, "DUMP")
+        .into_iter()
+        .map(|(r, json)| (r, serde_json::from_str(&json).expect("a dump")))
+        .collect()
+}
+
+#[test]
+fn jaccl_and_jaccl_ring_ranks_see_the_device_file_coordinator_and_ring_flag() {
+    let _job = exclusive();
+    let dir = scratch("jaccl");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("create TMPDIR");
+    let command = rank_command();
+    for (backend, rdma) in [("jaccl", &MESH[..]), ("jaccl-ring", &RING[..])] {
+        let hostfile = dir.join(format!("{backend}.json"));
+        std::fs::write(&hostfile, jaccl_hostfile(backend, rdma)).expect("write the host file");
+        let hostfile_arg = hostfile.display().to_string();
+        let mut args = vec![
+            "--hostfile",
+            &hostfile_arg,
+            "-p",
+            "41234",
+            "--env",
+            "NUVEC_LAUNCH_TEST_ROLE=dump",
+            "--",
+        ];
+        args.extend(command.iter().map(String::as_str));
+        let done = run(nuvec_launch(&tmp, &args), Duration::from_secs(60));
+        assert_eq!(done.code, Some(0), "{backend}: {}", done.describe());
+        let dumps = dumps(&done);
+        assert_eq!(dumps.len(), rdma.len(), "{backend}: {}", done.describe());
+        let matrix = format!("file:[{}]\n", rdma.join(", "));
+        for (rank, vars) in &dumps {
+            let mut want = BTreeMap::from([
+                ("MLX_RANK".to_owned(), rank.to_string()),
+                ("MLX_IBV_DEVICES".to_owned(), matrix.clone()),
+                (
+                    "MLX_JACCL_COORDINATOR".to_owned(),
+                    "127.0.0.1:41234".to_owned(),
+                ),
+                ("FROM_HOSTFILE".to_owned(), "yes".to_owned()),
+            ]);
+            if backend == "jaccl-ring" {
+                want.insert("MLX_JACCL_RING".to_owned(), "1".to_owned());
+            }
+            let mut got = vars.clone();
+            got.remove("(cwd)");
+            assert_eq!(got, want, "{backend}, rank {rank}");
+        }
+        assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+    }
+}
+
+#[test]
+fn a_failing_rank_stops_the_others_and_its_status_is_the_jobs() {
+    let _job = exclusive();
+    let tmp = scratch("failing");
+    // Rank 1 fails at once; the others leave a sleeping child behind a waiting shell, so
+    // stopping them takes their descendants too.
+    let script = r#"if [ "$MLX_RANK" = 1 ]; then echo failing; exit 7; fi
+sleep 30 & echo "sleeper $!"; wait"#;
+    let done = run(
+        nuvec_launch(&tmp, &["-n", "4", "--", "sh", "-c", script]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(done.code, Some(7), "{}", done.describe());
+    assert!(
+        done.elapsed < Duration::from_secs(10),
+        "took {:?}",
+        done.elapsed
+    );
+    assert!(
+        done.stdout.contains("[rank 1] failing"),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        done.stderr
+            .contains("[WARN] Node with rank 1 exited with code 7"),
+        "{}",
+        done.describe()
+    );
+    for line in done.stdout.lines() {
+        if let Some((_, pid)) = line.split_once("sleeper ") {
+            let pid: u32 = pid.trim().parse().expect("a pid");
+            assert!(ended(pid), "sleeper {pid} still runs\n{}", done.describe());
+        }
+    }
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+
+    // A rank killed by a signal: 128 + the signal, as a shell reports it.
+    let script = r#"if [ "$MLX_RANK" = 0 ]; then kill -s KILL $$; fi; exec sleep 30"#;
+    let done = run(
+        nuvec_launch(&tmp, &["-n", "2", "--", "sh", "-c", script]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(done.code, Some(128 + 9), "{}", done.describe());
+    assert!(
+        done.elapsed < Duration::from_secs(10),
+        "took {:?}",
+        done.elapsed
+    );
+
+    // A command that does not exist: 127, as bash's `exec` in mlx.launch's script.
+    let done = run(
+        nuvec_launch(&tmp, &["-n", "2", "nuvec-launch-test-no-such-command"]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(done.code, Some(127), "{}", done.describe());
+    assert!(done.stderr.contains("cannot run"), "{}", done.describe());
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+}
+
+#[test]
+fn killing_the_launcher_stops_the_ranks_and_removes_its_file() {
+    let _job = exclusive();
+    let tmp = scratch("killed");
+    let mut child = nuvec_launch(
+        &tmp,
+        &[
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo \"started $$\"; exec sleep 30",
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn nuvec-launch");
+    let launcher = child.id();
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(Some(line)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(None);
+    });
+    let mut ranks = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ranks.len() < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Some(line)) => {
+                if let Some((_, pid)) = line.split_once("started ") {
+                    ranks.push(pid.trim().parse::<u32>().expect("a pid"));
+                }
+            }
+            other => {
+                kill("KILL", &[launcher]);
+                let _ = child.wait();
+                panic!("the ranks did not start: {other:?}");
+            }
+        }
+    }
+    assert_eq!(
+        entries(&tmp).len(),
+        1,
+        "the shared hostfile: {:?}",
+        entries(&tmp)
+    );
+    kill("TERM", &[launcher]);
+    let status = child.wait().expect("wait for nuvec-launch");
+    assert_eq!(status.code(), None, "killed by SIGTERM");
+    // The watchdog holds the launcher's stdout until it has stopped the ranks and removed
+    // the file: the end of that stream is the signal that it is done.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) => {
+                kill("KILL", &ranks);
+                panic!("the watchdog did not finish: {e}");
+            }
+        }
+    }
+    for pid in &ranks {
+        assert!(ended(*pid), "rank process {pid} still runs");
+    }
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+}
+
+#[test]
+fn standard_input_reaches_every_rank() {
+    let _job = exclusive();
+    let tmp = scratch("stdin");
+    let mut cmd = nuvec_launch(
+        &tmp,
+        &[
+            "-n",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "while read -r l; do echo \"got $l\"; done; echo eof",
+        ],
+    );
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn nuvec-launch");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"one\ntwo\n").expect("write");
+    }
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(Duration::from_secs(30)) else {
+        let mut pids = descendants(pid);
+        pids.push(pid);
+        kill("KILL", &pids);
+        panic!("nuvec-launch did not end");
+    };
+    let out = out.expect("output");
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for rank in 0..3 {
+        let lines: Vec<&str> = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("[rank {rank}] ")))
+            .collect();
+        assert_eq!(lines, ["got one", "got two", "eof"], "{stdout}");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    let tmp = scratch("usage");
+    let help = run(nuvec_launch(&tmp, &["--help"]), Duration::from_secs(30));
+    assert_eq!(help.code, Some(0));
+    assert!(
+        help.stdout.starts_with("usage: nuvec-launch"),
+        "{}",
+        help.stdout
+    );
+    for (args, message) in [
+        (&[][..], "No script is provided"),
+        (&["-n", "0", "x"][..], "not a positive number"),
+        (&["--backend", "nccl", "x"][..], "not supported"),
+        (&["--hosts", "mac-a,mac-b", "x"][..], "requires IPs"),
+        (
+            &["--hostfile", "/nonexistent.json", "x"][..],
+            "doesn't exist",
+        ),
+        (&["--backend", "jaccl", "x"][..], "number of RDMA devices"),
+    ] {
+        let done = run(nuvec_launch(&tmp, args), Duration::from_secs(30));
+        assert_eq!(done.code, Some(2), "{args:?}: {}", done.describe());
+        assert!(
+            done.stderr.contains("nuvec-launch: error: ") && done.stderr.contains(message),
+            "{args:?}: {}",
+            done.describe()
+        );
+    }
+}
+
+/// The scenarios run under both launchers: arguments, and a host file when given.
+fn scenarios(dir: &Path) -> Vec<(&'static str, Vec<String>)> {
+    let ring_hostfile = dir.join("ring.json");
+    std::fs::write(
+        &ring_hostfile,
+        r#"{"backend": "ring", "envs": ["FROM_HOSTFILE=yes", "FOO=from-file"], "hosts": [
+            {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]},
+            {"ssh": "127.0.0.1", "ips": ["127.0.0.1", "127.0.0.1"]}]}"#,
+    )
+    .expect("write the ring host file");
+    let mesh = dir.join("mesh.json");
+    let mut rows = MESH.to_vec();
+    let unicode = r#"["rdma_en1", null, "rdma_é\"x"]"#;
+    rows[1] = unicode;
+    std::fs::write(&mesh, jaccl_hostfile("jaccl", &rows)).expect("write the mesh host file");
+    let ring = dir.join("jring.json");
+    std::fs::write(&ring, jaccl_hostfile("jaccl", &RING)).expect("write the ring host file");
+    let work = dir.join("work dir");
+    std::fs::create_dir_all(&work).expect("create the work directory");
+    let s = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect::<Vec<String>>();
+    vec![
+        (
+            "ring, 3 local ranks, 2 connections, verbose, env edge cases",
+            s(&[
+                "-n",
+                "3",
+                "--verbose",
+                "--connections-per-ip",
+                "2",
+                "-p",
+                "40100",
+                "--env",
+                "FOO=bar",
+                "--env",
+                "QUOTE=it's a \"test\" $HOME",
+                "--env",
+                "EMPTY",
+                "--env",
+                "bad-key=1",
+            ]),
+        ),
+        (
+            "ring host file with envs, several IPs, --cwd",
+            s(&[
+                "--hostfile",
+                &ring_hostfile.display().to_string(),
+                "--cwd",
+                &work.display().to_string(),
+                "--env",
+                "FOO=bar",
+            ]),
+        ),
+        (
+            "jaccl mesh host file, escaped device names, -p",
+            s(&["--hostfile", &mesh.display().to_string(), "-p", "40200"]),
+        ),
+        (
+            "jaccl-ring over a host file that says jaccl, COLUMNS given",
+            s(&[
+                "--hostfile",
+                &ring.display().to_string(),
+                "--backend",
+                "jaccl-ring",
+                "--env",
+                "COLUMNS=91",
+            ]),
+        ),
+    ]
+}
+
+#[test]
+fn the_environment_matches_mlx_launchs() {
+    let mlx = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/mlx.launch");
+    if !mlx.exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{} is missing, and CI=true requires the comparison",
+            mlx.display()
+        );
+        eprintln!(
+            "skipped: {} is missing (create the venv with mlx[cpu]==0.32.4 to compare)",
+            mlx.display()
+        );
+        return;
+    }
+    let _job = exclusive();
+    let dir = scratch("mlx");
+    let command = rank_command();
+    for (name, args) in scenarios(&dir) {
+        let mut full = args.clone();
+        full.extend(["--env".to_owned(), "NUVEC_LAUNCH_TEST_ROLE=dump".to_owned()]);
+        full.push("--".to_owned());
+        full.extend(command.iter().cloned());
+        let mut results = Vec::new();
+        for launcher in [mlx.as_path(), Path::new(LAUNCH)] {
+            let tmp = dir.join(if launcher == mlx {
+                "tmp-mlx"
+            } else {
+                "tmp-nuvec"
+            });
+            std::fs::create_dir_all(&tmp).expect("create TMPDIR");
+            let mut cmd = Command::new(launcher);
+            // COLUMNS without LINES and no terminal: both export COLUMNS=77 and LINES=0
+            // (unless --env sets COLUMNS).
+            cmd.args(&full)
+                .current_dir(&*dir)
+                .env("TMPDIR", &tmp)
+                .env("COLUMNS", "77")
+                .env_remove("LINES");
+            let done = run(cmd, Duration::from_secs(120));
+            assert_eq!(
+                done.code,
+                Some(0),
+                "{name}: {}: {}",
+                launcher.display(),
+                done.describe()
+            );
+            let dumps = dumps(&done);
+            assert!(!dumps.is_empty(), "{name}: {}", done.describe());
+            if launcher == Path::new(LAUNCH) {
+                assert_eq!(entries(&tmp), Vec::<String>::new(), "{name}: files left");
+            }
+            std::fs::remove_dir_all(&tmp).expect("remove TMPDIR");
+            results.push(dumps);
+        }
+        assert_eq!(
+            results[1], results[0],
+            "{name}: nuvec-launch (left) differs from mlx.launch (right)"
+        );
+    }
+}
