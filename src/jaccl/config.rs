@@ -1,0 +1,1247 @@
+//! MLX's JACCL configuration: the device matrix, this process's rank, the coordinator, and the
+//! choice between a mesh and a ring (reference §3.2), as MLX's `jaccl::Config`.
+//!
+//! | Variable (the first wins) | Meaning |
+//! | --- | --- |
+//! | `JACCL_RANK` / `MLX_RANK` | this process's rank, a non-negative integer below the matrix size |
+//! | `JACCL_IBV_DEVICES` / `MLX_IBV_DEVICES` | the **path** of the device file ([`parse_devices`]) |
+//! | `JACCL_COORDINATOR` / `MLX_JACCL_COORDINATOR` | `"ip:port"` where rank 0 listens for the side channel |
+//! | `JACCL_RING` / `MLX_JACCL_RING` | present (any value, even empty): prefer the ring topology |
+//!
+//! `mlx.launch --backend jaccl` (or `jaccl-ring`) writes the `MLX_*` names; MLX's standalone
+//! JACCL library reads the `JACCL_*` ones first. Differences from MLX, all of them stricter,
+//! never rejecting a configuration MLX can run:
+//!
+//! - every value is checked and a wrong one is an [`Error::Config`] naming the variable or the
+//!   file and the entry (MLX reads the rank with `atoi`, so `"x"` is rank 0);
+//! - an empty device name is refused (MLX would open no device for it);
+//! - a ring needs at least one device per neighbour (MLX counts a matrix whose neighbour
+//!   entries are all empty as a ring of zero cables, which cannot carry anything).
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::Error;
+use crate::hostfile;
+
+/// The largest mesh MLX supports, in ranks (MLX's `MESH_MAX_PEERS`).
+pub const MESH_MAX_PEERS: usize = 8;
+
+/// The most connections (cables) per direction a ring supports (MLX's `RING_MAX_CONNS`).
+pub const RING_MAX_CONNS: usize = 4;
+
+/// The rank variables, the first set one wins.
+const RANK_VARS: [&str; 2] = ["JACCL_RANK", "MLX_RANK"];
+/// The device-file variables, the first set one wins.
+const DEVICES_VARS: [&str; 2] = ["JACCL_IBV_DEVICES", "MLX_IBV_DEVICES"];
+/// The coordinator variables, the first set one wins.
+const COORDINATOR_VARS: [&str; 2] = ["JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"];
+/// The ring-preference variables; either one present prefers the ring.
+const RING_VARS: [&str; 2] = ["JACCL_RING", "MLX_JACCL_RING"];
+
+/// How the ranks are cabled, as MLX chooses it ([`Config::topology`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Topology {
+    /// Every pair of ranks is cabled (MLX's `MeshGroup`); the first device of each entry is
+    /// used.
+    Mesh,
+    /// Every rank is cabled to its left and right neighbours (MLX's `RingGroup`).
+    Ring {
+        /// Connections (cables, QPs) per direction: the number of devices of entry `[0][1]`.
+        wires: usize,
+    },
+}
+
+/// A JACCL configuration, as MLX's `jaccl::Config`: this process's rank, the device matrix
+/// (`devices[i][j]`: the RDMA devices on rank i cabled to rank j), the coordinator address and
+/// whether the ring is preferred.
+///
+/// The builder does not check anything; [`validate`](Config::validate) and
+/// [`topology`](Config::topology) do.
+///
+/// ```
+/// use nuvec_distributed::jaccl::{Config, Topology, parse_devices};
+/// let devices = parse_devices(
+///     r#"[[null, "rdma_en5", "rdma_en4"],
+///         ["rdma_en5", null, "rdma_en3"],
+///         ["rdma_en4", "rdma_en3", null]]"#,
+///     "devices.json",
+/// )?;
+/// let config = Config::new(1, devices).coordinator("10.0.0.1:32323");
+/// config.validate()?;
+/// assert_eq!(config.topology()?, Topology::Mesh);
+/// # Ok::<(), nuvec_distributed::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    rank: usize,
+    devices: Vec<Vec<Vec<String>>>,
+    coordinator: Option<String>,
+    prefer_ring: bool,
+}
+
+impl Config {
+    /// A configuration for `rank` over the device matrix `devices` (one row per rank, one
+    /// entry per rank in each row), with no coordinator and the ring not preferred.
+    pub fn new(rank: usize, devices: Vec<Vec<Vec<String>>>) -> Self {
+        Config {
+            rank,
+            devices,
+            coordinator: None,
+            prefer_ring: false,
+        }
+    }
+
+    /// Sets the `"ip:port"` address where rank 0 listens for the side channel and the other
+    /// ranks connect (checked by [`validate`](Config::validate)).
+    pub fn coordinator(mut self, addr: &str) -> Self {
+        self.coordinator = Some(addr.to_owned());
+        self
+    }
+
+    /// Prefers the ring topology when the matrix is a valid ring (MLX's `prefer_ring`, set by
+    /// `JACCL_RING` / `MLX_JACCL_RING`).
+    pub fn prefer_ring(mut self, prefer: bool) -> Self {
+        self.prefer_ring = prefer;
+        self
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks: the number of rows of the device matrix.
+    pub fn size(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// The device matrix: `devices()[i][j]` lists the devices on rank i cabled to rank j.
+    pub fn devices(&self) -> &[Vec<Vec<String>>] {
+        &self.devices
+    }
+
+    /// The coordinator address, if set.
+    pub fn coordinator_address(&self) -> Option<&str> {
+        self.coordinator.as_deref()
+    }
+
+    /// Whether the ring topology is preferred.
+    pub fn prefers_ring(&self) -> bool {
+        self.prefer_ring
+    }
+
+    /// The configuration from the process environment, as `mlx.launch --backend jaccl` writes
+    /// it (see the [module docs](self) for the variables); `Ok(None)` when neither
+    /// `JACCL_IBV_DEVICES` nor `MLX_IBV_DEVICES` is set.
+    ///
+    /// The device file is read and parsed. The coordinator may be unset (then
+    /// [`validate`](Config::validate) fails); everything else must be well formed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the variable (and the file and entry for the device file) when
+    /// the device path is empty or unreadable, the device file is malformed, the rank is
+    /// missing, not a non-negative integer or not below the matrix size, or the coordinator is
+    /// not `"host:port"`.
+    pub fn from_env() -> Result<Option<Config>, Error> {
+        Self::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// [`from_env`](Config::from_env) with the variables read through `lookup` (a variable is
+    /// unset when it returns `None`), so that tests need not touch the process environment.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_env`](Config::from_env).
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Option<Config>, Error> {
+        let first = |names: [&'static str; 2]| {
+            names
+                .into_iter()
+                .find_map(|name| lookup(name).map(|v| (name, v)))
+        };
+        let Some((devices_var, path)) = first(DEVICES_VARS) else {
+            return Ok(None);
+        };
+        if path.is_empty() {
+            return Err(config(format!(
+                "{devices_var} is set but empty; it must be the path of the JACCL device file \
+                 (a JSON matrix of RDMA device names)"
+            )));
+        }
+        let path_shown = Path::new(&path).display().to_string();
+        let Some((rank_var, rank)) = first(RANK_VARS) else {
+            return Err(config(format!(
+                "{devices_var} is set (to {path_shown}) but neither {} nor {} is; set one to \
+                 this process's rank (from 0)",
+                RANK_VARS[0], RANK_VARS[1]
+            )));
+        };
+        let rank = parse_rank(rank_var, &rank)?;
+        let coordinator = match first(COORDINATOR_VARS) {
+            None => None,
+            Some((var, value)) => {
+                let Some(value) = value.to_str() else {
+                    return Err(config(format!(
+                        "{var}={value:?} is not valid UTF-8; it must be \"ip:port\""
+                    )));
+                };
+                if let Err(what) = check_address(value) {
+                    return Err(config(format!(
+                        "{var}={value:?} is not the \"ip:port\" where rank 0 listens: {what}"
+                    )));
+                }
+                Some(value.to_owned())
+            }
+        };
+        let prefer_ring = first(RING_VARS).is_some();
+        let origin = format!("{path_shown} ({devices_var})");
+        let bytes = std::fs::read(&path)
+            .map_err(|e| config(format!("device file {origin}: cannot read the file: {e}")))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            config(format!(
+                "device file {origin}: the file is not UTF-8 text (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ))
+        })?;
+        let devices = parse_devices(&text, &origin)?;
+        if rank >= devices.len() {
+            return Err(config(format!(
+                "{rank_var}={rank} is out of range: the device file {origin} has {} rows, so \
+                 valid ranks are 0 to {}",
+                devices.len(),
+                devices.len() - 1
+            )));
+        }
+        Ok(Some(Config {
+            rank,
+            devices,
+            coordinator,
+            prefer_ring,
+        }))
+    }
+
+    /// Whether the matrix is a valid mesh, as MLX's `is_valid_mesh`: at least 2 ranks, every
+    /// diagonal entry empty and every other entry non-empty (a non-square matrix is neither a
+    /// mesh nor a ring).
+    pub fn is_valid_mesh(&self) -> bool {
+        self.mesh_problem().is_none()
+    }
+
+    /// Whether the matrix is a valid ring, as MLX's `is_valid_ring`: at least 2 ranks, and for
+    /// every rank the entries for its left and right neighbours hold as many devices as entry
+    /// `[0][1]`, which must not be empty. Other entries are not looked at, so a full mesh is a
+    /// ring too.
+    pub fn is_valid_ring(&self) -> bool {
+        self.ring_problem().is_none()
+    }
+
+    /// Checks the configuration as MLX does before connecting: the rank is below the size, a
+    /// coordinator `"host:port"` is set, and the matrix gives a [`topology`](Config::topology)
+    /// (a valid mesh or ring within MLX's limits).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] saying which of these fails and why.
+    pub fn validate(&self) -> Result<(), Error> {
+        if let Some(what) = self.shape_problem() {
+            return Err(config(format!("the device matrix is not square: {what}")));
+        }
+        let size = self.size();
+        if self.rank >= size {
+            return Err(config(format!(
+                "rank {} is out of range: the device matrix has {size} row{}{}",
+                self.rank,
+                if size == 1 { "" } else { "s" },
+                match size {
+                    0 => String::new(),
+                    1 => ", so the only valid rank is 0".to_owned(),
+                    n => format!(", so valid ranks are 0 to {}", n - 1),
+                }
+            )));
+        }
+        let Some(coordinator) = &self.coordinator else {
+            return Err(config(format!(
+                "no coordinator: set {} or {} to the \"ip:port\" where rank 0 listens for the \
+                 side channel",
+                COORDINATOR_VARS[0], COORDINATOR_VARS[1]
+            )));
+        };
+        if let Err(what) = check_address(coordinator) {
+            return Err(config(format!(
+                "coordinator {coordinator:?} is not the \"ip:port\" where rank 0 listens: {what}"
+            )));
+        }
+        self.topology().map(|_| ())
+    }
+
+    /// The topology MLX would build: the ring if it is preferred and the matrix is a valid
+    /// ring, else the mesh if the matrix is a valid mesh, else the ring if it is a valid ring.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when the matrix is neither ("should define a valid mesh or a valid
+    /// ring", with the first reason for each), when the chosen mesh has more than
+    /// [`MESH_MAX_PEERS`] ranks, or the chosen ring more than [`RING_MAX_CONNS`] connections
+    /// per direction.
+    pub fn topology(&self) -> Result<Topology, Error> {
+        let ring = self.ring_problem();
+        if self.prefer_ring && ring.is_none() {
+            return self.ring_topology();
+        }
+        let mesh = self.mesh_problem();
+        match (mesh, ring) {
+            (None, _) => {
+                if self.size() > MESH_MAX_PEERS {
+                    return Err(config(format!(
+                        "the device matrix is a mesh of {} ranks, but a JACCL mesh has at most \
+                         {MESH_MAX_PEERS} (MLX's MESH_MAX_PEERS); cable the ranks as a ring and \
+                         set {} or {} to prefer it",
+                        self.size(),
+                        RING_VARS[0],
+                        RING_VARS[1]
+                    )));
+                }
+                Ok(Topology::Mesh)
+            }
+            (Some(_), None) => self.ring_topology(),
+            (Some(mesh), Some(ring)) => Err(config(format!(
+                "the device matrix should define a valid mesh or a valid ring; it is not a \
+                 mesh because {mesh}, and not a ring because {ring}"
+            ))),
+        }
+    }
+
+    /// This rank's devices of a mesh, as MLX's `get_mesh_connectivity`: for every rank the
+    /// first device cabled to it, `None` for this rank itself.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when the rank is out of range or the matrix is not a valid mesh.
+    pub fn mesh_devices(&self) -> Result<Vec<Option<&str>>, Error> {
+        if let Some(what) = self.mesh_problem() {
+            return Err(config(format!(
+                "the device matrix is not a valid mesh: {what}"
+            )));
+        }
+        let row = self.row()?;
+        Ok(row
+            .iter()
+            .enumerate()
+            .map(|(j, entry)| (j != self.rank).then(|| entry[0].as_str()))
+            .collect())
+    }
+
+    /// This rank's devices of a ring, as MLX's `get_ring_connectivity`: the devices cabled to
+    /// its left neighbour (rank − 1) and to its right neighbour (rank + 1), cable c of each
+    /// being the c-th device (with 2 ranks both are the same neighbour).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when the rank is out of range or the matrix is not a valid ring.
+    pub fn ring_devices(&self) -> Result<(&[String], &[String]), Error> {
+        if let Some(what) = self.ring_problem() {
+            return Err(config(format!(
+                "the device matrix is not a valid ring: {what}"
+            )));
+        }
+        let row = self.row()?;
+        let size = self.size();
+        let left = (self.rank + size - 1) % size;
+        let right = (self.rank + 1) % size;
+        Ok((&row[left], &row[right]))
+    }
+
+    /// This rank's row of the matrix.
+    fn row(&self) -> Result<&[Vec<String>], Error> {
+        self.devices
+            .get(self.rank)
+            .map(Vec::as_slice)
+            .ok_or_else(|| {
+                config(format!(
+                    "rank {} is out of range: the device matrix has {} rows",
+                    self.rank,
+                    self.size()
+                ))
+            })
+    }
+
+    fn ring_topology(&self) -> Result<Topology, Error> {
+        let wires = self.devices[0][1].len();
+        if wires > RING_MAX_CONNS {
+            return Err(config(format!(
+                "the ring has {wires} connections per direction (entry [0][1] lists {wires} \
+                 devices), but a JACCL ring has at most {RING_MAX_CONNS} (MLX's RING_MAX_CONNS)"
+            )));
+        }
+        Ok(Topology::Ring { wires })
+    }
+
+    /// Why the matrix is not square, if it is not.
+    fn shape_problem(&self) -> Option<String> {
+        let size = self.size();
+        self.devices.iter().enumerate().find_map(|(r, row)| {
+            (row.len() != size).then(|| {
+                format!(
+                    "row {r} has {} entr{} but there are {size} rows",
+                    row.len(),
+                    if row.len() == 1 { "y" } else { "ies" }
+                )
+            })
+        })
+    }
+
+    /// Why the matrix is not a valid mesh, if it is not.
+    fn mesh_problem(&self) -> Option<String> {
+        if let Some(what) = self.shape_problem() {
+            return Some(what);
+        }
+        let size = self.size();
+        if size < 2 {
+            return Some(format!(
+                "it has {size} rank{}, not at least 2",
+                plural(size)
+            ));
+        }
+        for (i, row) in self.devices.iter().enumerate() {
+            for (j, entry) in row.iter().enumerate() {
+                if i == j && !entry.is_empty() {
+                    return Some(format!(
+                        "entry [{i}][{i}] names {entry:?} but the diagonal must be null (a rank \
+                         has no cable to itself)"
+                    ));
+                }
+                if i != j && entry.is_empty() {
+                    return Some(format!(
+                        "entry [{i}][{j}] is empty (rank {i} has no device cabled to rank {j})"
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// Why the matrix is not a valid ring, if it is not.
+    fn ring_problem(&self) -> Option<String> {
+        if let Some(what) = self.shape_problem() {
+            return Some(what);
+        }
+        let size = self.size();
+        if size < 2 {
+            return Some(format!(
+                "it has {size} rank{}, not at least 2",
+                plural(size)
+            ));
+        }
+        let wires = self.devices[0][1].len();
+        if wires == 0 {
+            return Some(
+                "entry [0][1] is empty (rank 0 has no device cabled to its right neighbour)"
+                    .to_owned(),
+            );
+        }
+        for (src, row) in self.devices.iter().enumerate() {
+            let left = (src + size - 1) % size;
+            let right = (src + 1) % size;
+            for dst in [left, right] {
+                let n = row[dst].len();
+                if n != wires {
+                    return Some(format!(
+                        "entry [{src}][{dst}] holds {n} device{} but entry [0][1] holds {wires} \
+                         (every rank needs as many cables to each neighbour)",
+                        plural(n)
+                    ));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Parses MLX's JACCL device file (the file `MLX_IBV_DEVICES` names) into the device matrix.
+///
+/// The text is a JSON list of R rows, each a list of R entries; entry `[i][j]` names the RDMA
+/// device(s) on rank i cabled to rank j: `null` (none, always on the diagonal; an empty list),
+/// a device name such as `"rdma_en3"`, or a list of names (several cables, the c-th name on
+/// both ends being the same cable). Surrounding whitespace (`mlx.launch` writes the file with
+/// `echo`) and a leading byte-order mark are ignored. `origin` names the file in errors.
+///
+/// # Errors
+///
+/// [`Error::Config`] naming `origin`, and the row and entry where it applies, when the text is
+/// empty, not JSON, not a list of rows, has no rows, has a row that is not a list or not of R
+/// entries, or an entry that is not null, a non-empty string or a list of non-empty strings.
+pub fn parse_devices(text: &str, origin: &str) -> Result<Vec<Vec<Vec<String>>>, Error> {
+    const EXPECTED: &str = "a JSON list with one row per rank, each a list with one entry per \
+                            rank: null, a device name or a list of device names";
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    if text.trim().is_empty() {
+        return Err(config(format!(
+            "device file {origin}: the file is empty; expected {EXPECTED}"
+        )));
+    }
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| config(format!("device file {origin}: not valid JSON: {e}")))?;
+    let Value::Array(rows) = value else {
+        return Err(config(format!(
+            "device file {origin}: expected {EXPECTED}, found {}",
+            kind(&value)
+        )));
+    };
+    if rows.is_empty() {
+        return Err(config(format!(
+            "device file {origin}: the list of rows is empty; expected {EXPECTED}"
+        )));
+    }
+    let size = rows.len();
+    let mut matrix = Vec::with_capacity(size);
+    for (r, row) in rows.iter().enumerate() {
+        let Value::Array(entries) = row else {
+            return Err(config(format!(
+                "device file {origin}: row {r}: expected a list of {size} entr{} (one per \
+                 rank), found {}",
+                if size == 1 { "y" } else { "ies" },
+                kind(row)
+            )));
+        };
+        if entries.len() != size {
+            return Err(config(format!(
+                "device file {origin}: row {r} has {} entr{} but the file has {size} rows; every \
+                 row needs one entry per rank (null where there is no cable)",
+                entries.len(),
+                if entries.len() == 1 { "y" } else { "ies" }
+            )));
+        }
+        let mut parsed = Vec::with_capacity(size);
+        for (e, entry) in entries.iter().enumerate() {
+            let at = format!("device file {origin}: row {r}, entry {e}");
+            let names = match entry {
+                Value::Null => Vec::new(),
+                Value::String(name) => vec![device_name(name, &at)?],
+                Value::Array(names) => names
+                    .iter()
+                    .enumerate()
+                    .map(|(k, name)| match name {
+                        Value::String(name) => device_name(name, &format!("{at}, device {k}")),
+                        other => Err(config(format!(
+                            "{at}, device {k}: expected a device name (a string), found {}",
+                            kind(other)
+                        ))),
+                    })
+                    .collect::<Result<_, _>>()?,
+                other => {
+                    return Err(config(format!(
+                        "{at}: expected null, a device name or a list of device names, found {}",
+                        kind(other)
+                    )));
+                }
+            };
+            parsed.push(names);
+        }
+        matrix.push(parsed);
+    }
+    Ok(matrix)
+}
+
+/// A device name, refused when empty.
+fn device_name(name: &str, at: &str) -> Result<String, Error> {
+    if name.is_empty() {
+        return Err(config(format!(
+            "{at}: the device name is empty; use null for no cable"
+        )));
+    }
+    Ok(name.to_owned())
+}
+
+/// What is wrong with a `"host:port"` address, if anything (the ring hostfile's rules).
+fn check_address(addr: &str) -> Result<(), String> {
+    hostfile::split_address(addr)
+        .map(|_| ())
+        .map_err(|e| match e {
+            Error::Config(text) => text,
+            other => other.to_string(),
+        })
+}
+
+/// A rank from `var`: a non-negative decimal integer.
+fn parse_rank(var: &str, raw: &OsString) -> Result<usize, Error> {
+    let Some(v) = raw.to_str() else {
+        return Err(config(format!(
+            "{var}={raw:?} is not valid UTF-8; it must be a non-negative integer"
+        )));
+    };
+    let bad = |what: &str| config(format!("{var}={v:?} {what}"));
+    if v.is_empty() {
+        return Err(bad(
+            "is empty; it must be a non-negative integer (the rank, from 0)",
+        ));
+    }
+    if let Some(rest) = v.strip_prefix('-')
+        && !rest.is_empty()
+        && rest.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(bad("is negative; ranks count from 0"));
+    }
+    if !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad("is not a non-negative integer (the rank, from 0)"));
+    }
+    v.parse::<usize>()
+        .map_err(|_| bad("is too large for a rank"))
+}
+
+/// A configuration error; every JACCL message starts with `jaccl:`.
+fn config(what: String) -> Error {
+    Error::Config(format!("jaccl: {what}"))
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// What kind of JSON value `v` is, for messages.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A matrix from rows of entries, each entry a list of device names.
+    fn matrix(rows: &[&[&[&str]]]) -> Vec<Vec<Vec<String>>> {
+        rows.iter()
+            .map(|row| {
+                row.iter()
+                    .map(|entry| entry.iter().map(|d| (*d).to_owned()).collect())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// A full mesh of `n` ranks with `wires` devices per entry.
+    fn mesh(n: usize, wires: usize) -> Vec<Vec<Vec<String>>> {
+        (0..n)
+            .map(|i| {
+                (0..n)
+                    .map(|j| {
+                        if i == j {
+                            Vec::new()
+                        } else {
+                            (0..wires).map(|w| format!("rdma_{i}_{j}_{w}")).collect()
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// A ring of `n` ranks with `wires` devices to each neighbour and nothing else.
+    fn ring(n: usize, wires: usize) -> Vec<Vec<Vec<String>>> {
+        (0..n)
+            .map(|i| {
+                (0..n)
+                    .map(|j| {
+                        if j != i && (j == (i + 1) % n || j == (i + n - 1) % n) {
+                            (0..wires).map(|w| format!("rdma_{i}_{j}_{w}")).collect()
+                        } else {
+                            Vec::new()
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn message(r: Result<impl std::fmt::Debug, Error>) -> String {
+        match r {
+            Err(Error::Config(m)) => m,
+            other => panic!("expected a configuration error, got {other:?}"),
+        }
+    }
+
+    fn valid(rank: usize, devices: Vec<Vec<Vec<String>>>) -> Config {
+        Config::new(rank, devices).coordinator("127.0.0.1:32323")
+    }
+
+    #[test]
+    fn mlx_documented_four_node_mesh_parses_with_null_diagonal() {
+        let text = r#"[[null,"rdma_en5","rdma_en4","rdma_en3"],
+                       ["rdma_en5",null,"rdma_en3","rdma_en4"],
+                       ["rdma_en4","rdma_en3",null,"rdma_en5"],
+                       ["rdma_en3","rdma_en4","rdma_en5",null]]"#;
+        let m = parse_devices(text, "d.json").unwrap();
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[0][0], Vec::<String>::new());
+        assert_eq!(m[0][1], vec!["rdma_en5".to_owned()]);
+        assert_eq!(m[3][2], vec!["rdma_en5".to_owned()]);
+        assert!(Config::new(0, m).is_valid_mesh());
+    }
+
+    #[test]
+    fn an_entry_may_be_a_list_of_cables_in_order() {
+        let text =
+            "\u{feff}[[null,[\"rdma_en3\",\"rdma_en4\"]],[[\"rdma_en5\",\"rdma_en6\"],[]]]\n";
+        let m = parse_devices(text, "d").unwrap();
+        assert_eq!(
+            m,
+            matrix(&[
+                &[&[], &["rdma_en3", "rdma_en4"]],
+                &[&["rdma_en5", "rdma_en6"], &[]]
+            ])
+        );
+    }
+
+    #[test]
+    fn parse_errors_name_the_file_the_row_and_the_entry() {
+        let m = message(parse_devices(r#"[[null,1],[null,null]]"#, "f.json"));
+        assert_eq!(
+            m,
+            "jaccl: device file f.json: row 0, entry 1: expected null, a device name or a list \
+             of device names, found a number"
+        );
+        let m = message(parse_devices(r#"[[null,["a",2]],[null,null]]"#, "f.json"));
+        assert!(
+            m.contains("row 0, entry 1, device 1: expected a device name"),
+            "{m}"
+        );
+        let m = message(parse_devices(r#"[[null,"a"],[null]]"#, "f.json"));
+        assert!(
+            m.contains("row 1 has 1 entry but the file has 2 rows"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_full_mesh_of_two_ranks_is_a_valid_mesh_and_a_valid_ring() {
+        let c = valid(0, mesh(2, 1));
+        assert!(c.is_valid_mesh());
+        assert!(c.is_valid_ring());
+        assert_eq!(c.topology().unwrap(), Topology::Mesh);
+    }
+
+    #[test]
+    fn one_rank_is_neither_a_mesh_nor_a_ring() {
+        let c = valid(0, matrix(&[&[&[]]]));
+        assert!(!c.is_valid_mesh());
+        assert!(!c.is_valid_ring());
+        let m = message(c.topology());
+        assert!(m.contains("it has 1 rank, not at least 2"), "{m}");
+    }
+
+    #[test]
+    fn a_device_on_the_diagonal_is_not_a_mesh() {
+        let mut d = mesh(3, 1);
+        d[1][1] = vec!["rdma_en9".to_owned()];
+        let c = valid(0, d);
+        assert!(!c.is_valid_mesh());
+        assert!(c.mesh_problem().unwrap().contains("entry [1][1] names"));
+    }
+
+    #[test]
+    fn an_empty_entry_off_the_diagonal_is_not_a_mesh() {
+        let mut d = mesh(3, 1);
+        d[2][0].clear();
+        let c = valid(0, d);
+        assert!(!c.is_valid_mesh());
+        assert_eq!(
+            c.mesh_problem().unwrap(),
+            "entry [2][0] is empty (rank 2 has no device cabled to rank 0)"
+        );
+    }
+
+    #[test]
+    fn a_mesh_with_several_devices_per_entry_uses_only_the_first() {
+        let c = valid(1, mesh(3, 2));
+        assert!(c.is_valid_mesh());
+        assert_eq!(
+            c.mesh_devices().unwrap(),
+            vec![Some("rdma_1_0_0"), None, Some("rdma_1_2_0")]
+        );
+    }
+
+    #[test]
+    fn a_non_square_matrix_is_neither_a_mesh_nor_a_ring() {
+        let d = matrix(&[&[&[], &["a"]], &[&["b"]]]);
+        let c = valid(0, d);
+        assert!(!c.is_valid_mesh());
+        assert!(!c.is_valid_ring());
+        let m = message(c.validate());
+        assert!(
+            m.contains("not square: row 1 has 1 entry but there are 2 rows"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_ring_cabled_only_to_neighbours_is_a_ring_but_not_a_mesh() {
+        let c = valid(0, ring(4, 2));
+        assert!(c.is_valid_ring());
+        assert!(!c.is_valid_mesh());
+        assert_eq!(c.topology().unwrap(), Topology::Ring { wires: 2 });
+    }
+
+    #[test]
+    fn a_full_mesh_is_also_a_valid_ring() {
+        assert!(valid(0, mesh(5, 1)).is_valid_ring());
+    }
+
+    #[test]
+    fn a_neighbour_entry_with_another_device_count_than_entry_0_1_is_not_a_ring() {
+        let mut d = ring(4, 2);
+        d[2][3].pop();
+        let c = valid(0, d);
+        assert!(!c.is_valid_ring());
+        assert_eq!(
+            c.ring_problem().unwrap(),
+            "entry [2][3] holds 1 device but entry [0][1] holds 2 (every rank needs as many \
+             cables to each neighbour)"
+        );
+    }
+
+    #[test]
+    fn entries_between_non_neighbours_are_not_looked_at_for_a_ring() {
+        let mut d = ring(4, 1);
+        d[0][2] = vec!["x".to_owned(), "y".to_owned(), "z".to_owned()];
+        d[1][1] = vec!["on_the_diagonal".to_owned()];
+        assert!(valid(0, d).is_valid_ring());
+    }
+
+    #[test]
+    fn with_two_ranks_both_neighbour_entries_are_the_other_rank() {
+        let d = matrix(&[&[&[], &["a", "b"]], &[&["c"], &[]]]);
+        assert!(!valid(0, d).is_valid_ring());
+        let d = matrix(&[&[&[], &["a", "b"]], &[&["c", "d"], &[]]]);
+        let c = valid(1, d);
+        assert!(c.is_valid_ring());
+        let (left, right) = c.ring_devices().unwrap();
+        assert_eq!(left, ["c", "d"]);
+        assert_eq!(right, ["c", "d"]);
+    }
+
+    #[test]
+    fn a_ring_with_no_device_between_neighbours_is_not_a_ring() {
+        let c = valid(0, ring(3, 0));
+        assert!(!c.is_valid_ring());
+        assert!(c.ring_problem().unwrap().contains("entry [0][1] is empty"));
+    }
+
+    #[test]
+    fn ring_devices_are_the_left_then_the_right_neighbours_entries() {
+        let c = valid(0, ring(3, 2));
+        let (left, right) = c.ring_devices().unwrap();
+        assert_eq!(left, ["rdma_0_2_0", "rdma_0_2_1"]);
+        assert_eq!(right, ["rdma_0_1_0", "rdma_0_1_1"]);
+        let m = message(valid(0, ring(4, 1)).mesh_devices());
+        assert!(m.contains("not a valid mesh"), "{m}");
+    }
+
+    #[test]
+    fn the_mesh_wins_over_the_ring_unless_the_ring_is_preferred() {
+        let c = valid(0, mesh(3, 2));
+        assert_eq!(c.topology().unwrap(), Topology::Mesh);
+        let c = c.prefer_ring(true);
+        assert_eq!(c.topology().unwrap(), Topology::Ring { wires: 2 });
+    }
+
+    #[test]
+    fn a_preferred_ring_that_is_not_valid_falls_back_to_the_mesh() {
+        let mut d = mesh(3, 1);
+        d[0][1].push("second".to_owned());
+        let c = valid(0, d).prefer_ring(true);
+        assert!(!c.is_valid_ring());
+        assert_eq!(c.topology().unwrap(), Topology::Mesh);
+    }
+
+    #[test]
+    fn a_valid_ring_is_chosen_without_preference_when_there_is_no_mesh() {
+        assert_eq!(
+            valid(0, ring(5, 1)).topology().unwrap(),
+            Topology::Ring { wires: 1 }
+        );
+    }
+
+    #[test]
+    fn neither_a_mesh_nor_a_ring_is_an_error_giving_both_reasons() {
+        let mut d = ring(4, 1);
+        d[1][2].clear();
+        let m = message(valid(0, d).topology());
+        assert_eq!(
+            m,
+            "jaccl: the device matrix should define a valid mesh or a valid ring; it is not a \
+             mesh because entry [0][2] is empty (rank 0 has no device cabled to rank 2), and \
+             not a ring because entry [1][2] holds 0 devices but entry [0][1] holds 1 (every \
+             rank needs as many cables to each neighbour)"
+        );
+    }
+
+    #[test]
+    fn a_mesh_of_eight_ranks_is_accepted_and_of_nine_refused() {
+        assert_eq!(MESH_MAX_PEERS, 8);
+        assert_eq!(valid(0, mesh(8, 1)).topology().unwrap(), Topology::Mesh);
+        let m = message(valid(0, mesh(9, 1)).topology());
+        assert!(
+            m.contains("mesh of 9 ranks") && m.contains("at most 8") && m.contains("JACCL_RING"),
+            "{m}"
+        );
+        // The same cabling preferred as a ring is fine.
+        assert_eq!(
+            valid(0, mesh(9, 1)).prefer_ring(true).topology().unwrap(),
+            Topology::Ring { wires: 1 }
+        );
+    }
+
+    #[test]
+    fn a_ring_of_four_wires_is_accepted_and_of_five_refused() {
+        assert_eq!(RING_MAX_CONNS, 4);
+        assert_eq!(
+            valid(0, ring(4, 4)).topology().unwrap(),
+            Topology::Ring { wires: 4 }
+        );
+        let m = message(valid(0, ring(4, 5)).topology());
+        assert!(
+            m.contains("5 connections per direction") && m.contains("at most 4"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_valid_configuration_validates() {
+        valid(2, mesh(3, 1)).validate().unwrap();
+        valid(3, ring(4, 2)).validate().unwrap();
+    }
+
+    #[test]
+    fn a_rank_not_below_the_size_is_refused_by_validate() {
+        let m = message(valid(3, mesh(3, 1)).validate());
+        assert_eq!(
+            m,
+            "jaccl: rank 3 is out of range: the device matrix has 3 rows, so valid ranks are 0 \
+             to 2"
+        );
+    }
+
+    #[test]
+    fn a_missing_coordinator_is_refused_naming_both_variables() {
+        let m = message(Config::new(0, mesh(2, 1)).validate());
+        assert!(
+            m.contains("no coordinator")
+                && m.contains("JACCL_COORDINATOR")
+                && m.contains("MLX_JACCL_COORDINATOR"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_coordinator_without_a_port_is_refused() {
+        let m = message(
+            Config::new(0, mesh(2, 1))
+                .coordinator("10.0.0.1")
+                .validate(),
+        );
+        assert!(
+            m.contains("coordinator \"10.0.0.1\"") && m.contains("no port"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn validate_also_checks_the_topology() {
+        let m = message(valid(0, mesh(9, 1)).validate());
+        assert!(m.contains("at most 8"), "{m}");
+    }
+
+    #[test]
+    fn the_builder_and_getters_round_trip() {
+        let c = Config::new(1, mesh(2, 1))
+            .coordinator("h:1")
+            .prefer_ring(true);
+        assert_eq!(c.rank(), 1);
+        assert_eq!(c.size(), 2);
+        assert_eq!(c.devices(), mesh(2, 1).as_slice());
+        assert_eq!(c.coordinator_address(), Some("h:1"));
+        assert!(c.prefers_ring());
+        let c = c.prefer_ring(false);
+        assert!(!c.prefers_ring());
+        assert_eq!(Config::new(0, Vec::new()).coordinator_address(), None);
+    }
+
+    /// The environment: a device file with `text` (if any) and `vars`, the device path
+    /// standing for `@` in values.
+    struct EnvCase {
+        vars: Vec<(String, OsString)>,
+        _file: Option<TempFile>,
+    }
+
+    struct TempFile(std::path::PathBuf);
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn env_case(file: Option<&[u8]>, vars: &[(&str, &str)]) -> EnvCase {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let file = file.map(|bytes| {
+            let path = std::env::temp_dir().join(format!(
+                "nuvec-jaccl-unit-{}-{}.json",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::write(&path, bytes).unwrap();
+            TempFile(path)
+        });
+        let path = file
+            .as_ref()
+            .map(|f| f.0.display().to_string())
+            .unwrap_or_default();
+        EnvCase {
+            vars: vars
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), OsString::from(v.replace('@', &path))))
+                .collect(),
+            _file: file,
+        }
+    }
+
+    impl EnvCase {
+        fn read(&self) -> Result<Option<Config>, Error> {
+            Config::from_vars(|name| {
+                self.vars
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+            })
+        }
+    }
+
+    const MESH2: &[u8] = b"[[null,\"rdma_en3\"],[\"rdma_en3\",null]]\n";
+
+    #[test]
+    fn without_a_device_variable_there_is_no_jaccl_configuration() {
+        let e = env_case(None, &[("MLX_RANK", "0"), ("MLX_JACCL_COORDINATOR", "h:1")]);
+        assert_eq!(e.read().unwrap(), None);
+    }
+
+    #[test]
+    fn the_variables_as_mlx_launch_writes_them_are_read() {
+        let e = env_case(
+            Some(MESH2),
+            &[
+                ("MLX_RANK", "1"),
+                ("MLX_IBV_DEVICES", "@"),
+                ("MLX_JACCL_COORDINATOR", "192.168.1.2:32323"),
+            ],
+        );
+        let c = e.read().unwrap().unwrap();
+        assert_eq!(
+            c,
+            Config::new(1, matrix(&[&[&[], &["rdma_en3"]], &[&["rdma_en3"], &[]]]))
+                .coordinator("192.168.1.2:32323")
+        );
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn the_jaccl_names_win_over_the_mlx_names() {
+        let e = env_case(
+            Some(MESH2),
+            &[
+                ("JACCL_RANK", "1"),
+                ("MLX_RANK", "0"),
+                ("JACCL_IBV_DEVICES", "@"),
+                ("MLX_IBV_DEVICES", "/nonexistent/devices.json"),
+                ("JACCL_COORDINATOR", "a:1"),
+                ("MLX_JACCL_COORDINATOR", "b:2"),
+            ],
+        );
+        let c = e.read().unwrap().unwrap();
+        assert_eq!(c.rank(), 1);
+        assert_eq!(c.coordinator_address(), Some("a:1"));
+    }
+
+    #[test]
+    fn a_jaccl_name_with_a_bad_value_does_not_fall_back_to_the_mlx_name() {
+        let e = env_case(
+            Some(MESH2),
+            &[
+                ("JACCL_RANK", "one"),
+                ("MLX_RANK", "1"),
+                ("MLX_IBV_DEVICES", "@"),
+            ],
+        );
+        let m = message(e.read());
+        assert!(m.contains("JACCL_RANK=\"one\""), "{m}");
+    }
+
+    #[test]
+    fn either_ring_variable_present_even_empty_prefers_the_ring() {
+        for var in ["JACCL_RING", "MLX_JACCL_RING"] {
+            for value in ["1", "0", ""] {
+                let e = env_case(
+                    Some(MESH2),
+                    &[("MLX_RANK", "0"), ("MLX_IBV_DEVICES", "@"), (var, value)],
+                );
+                assert!(e.read().unwrap().unwrap().prefers_ring(), "{var}={value:?}");
+            }
+        }
+        let e = env_case(Some(MESH2), &[("MLX_RANK", "0"), ("MLX_IBV_DEVICES", "@")]);
+        assert!(!e.read().unwrap().unwrap().prefers_ring());
+    }
+
+    #[test]
+    fn an_unset_coordinator_is_read_and_refused_by_validate() {
+        let e = env_case(Some(MESH2), &[("MLX_RANK", "0"), ("MLX_IBV_DEVICES", "@")]);
+        let c = e.read().unwrap().unwrap();
+        assert_eq!(c.coordinator_address(), None);
+        assert!(message(c.validate()).contains("no coordinator"));
+    }
+
+    #[test]
+    fn a_device_file_without_a_rank_is_an_error_naming_both_rank_variables() {
+        let e = env_case(Some(MESH2), &[("MLX_IBV_DEVICES", "@")]);
+        let m = message(e.read());
+        assert!(
+            m.contains("MLX_IBV_DEVICES is set") && m.contains("JACCL_RANK nor MLX_RANK"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_rank_beyond_the_device_file_names_the_variable_and_the_file() {
+        let e = env_case(Some(MESH2), &[("MLX_RANK", "2"), ("MLX_IBV_DEVICES", "@")]);
+        let m = message(e.read());
+        assert!(
+            m.starts_with("jaccl: MLX_RANK=2 is out of range: the device file ")
+                && m.contains("(MLX_IBV_DEVICES) has 2 rows, so valid ranks are 0 to 1"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_malformed_device_file_names_the_file_and_the_variable() {
+        let e = env_case(
+            Some(b"[[null,true],[null,null]]"),
+            &[("JACCL_RANK", "0"), ("JACCL_IBV_DEVICES", "@")],
+        );
+        let m = message(e.read());
+        assert!(
+            m.contains("(JACCL_IBV_DEVICES): row 0, entry 1") && m.contains("found a boolean"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_device_file_names_the_path_and_the_variable() {
+        let e = env_case(
+            None,
+            &[
+                ("MLX_RANK", "0"),
+                ("MLX_IBV_DEVICES", "/nonexistent/nuvec/devices.json"),
+            ],
+        );
+        let m = message(e.read());
+        assert!(
+            m.contains("/nonexistent/nuvec/devices.json (MLX_IBV_DEVICES): cannot read"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_device_file_that_is_not_utf8_is_refused() {
+        let e = env_case(
+            Some(b"[[null,\"\xff\"]]"),
+            &[("MLX_RANK", "0"), ("MLX_IBV_DEVICES", "@")],
+        );
+        let m = message(e.read());
+        assert!(
+            m.contains("not UTF-8 text (invalid byte at offset 8)"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn malformed_ranks_are_refused_naming_the_variable() {
+        for (value, what) in [
+            ("", "is empty"),
+            ("-1", "is negative"),
+            ("1.0", "is not a non-negative integer"),
+            (" 1", "is not a non-negative integer"),
+            ("99999999999999999999999", "is too large"),
+        ] {
+            let e = env_case(
+                Some(MESH2),
+                &[("MLX_RANK", value), ("MLX_IBV_DEVICES", "@")],
+            );
+            let m = message(e.read());
+            assert!(
+                m.contains(&format!("MLX_RANK={value:?} {what}")),
+                "{value:?}: {m}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_coordinators_are_refused_naming_the_variable() {
+        for (value, what) in [
+            ("10.0.0.1", "no port"),
+            ("10.0.0.1:", "the port after the ':' is empty"),
+            ("10.0.0.1:http", "is not a number"),
+            ("10.0.0.1:0", "port 0 is not allowed"),
+            (":5000", "the host before the ':' is empty"),
+            ("", "the address is empty"),
+        ] {
+            let e = env_case(
+                Some(MESH2),
+                &[
+                    ("MLX_RANK", "0"),
+                    ("MLX_IBV_DEVICES", "@"),
+                    ("MLX_JACCL_COORDINATOR", value),
+                ],
+            );
+            let m = message(e.read());
+            assert!(
+                m.contains(&format!(
+                    "MLX_JACCL_COORDINATOR={value:?} is not the \"ip:port\""
+                )) && m.contains(what),
+                "{value:?}: {m}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_device_path_is_refused() {
+        let e = env_case(None, &[("MLX_RANK", "0"), ("MLX_IBV_DEVICES", "")]);
+        let m = message(e.read());
+        assert!(m.contains("MLX_IBV_DEVICES is set but empty"), "{m}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn non_utf8_rank_or_coordinator_values_are_refused() {
+        use std::os::unix::ffi::OsStringExt;
+        let e = env_case(Some(MESH2), &[("MLX_IBV_DEVICES", "@")]);
+        let devices = e.vars[0].1.clone();
+        let bad = OsString::from_vec(b"\xff".to_vec());
+        for name in ["MLX_RANK", "MLX_JACCL_COORDINATOR"] {
+            let m = message(Config::from_vars(|n| match n {
+                "MLX_IBV_DEVICES" => Some(devices.clone()),
+                "MLX_RANK" if name == "MLX_RANK" => Some(bad.clone()),
+                "MLX_RANK" => Some("0".into()),
+                n if n == name => Some(bad.clone()),
+                _ => None,
+            }));
+            assert!(m.contains(name) && m.contains("not valid UTF-8"), "{m}");
+        }
+    }
+}
