@@ -309,6 +309,8 @@ pub fn combine_into(lane: Lane, op: Reduction, local: &mut [u8], received: &[u8]
 // MLX's split arithmetic (written again, not taken from src/ring/schedule.rs)
 // ---------------------------------------------------------------------------------------------
 
+/// MLX's `ceildiv`, as written there.
+#[allow(clippy::manual_div_ceil)]
 fn ceildiv(a: usize, b: usize) -> usize {
     (a + b - 1) / b
 }
