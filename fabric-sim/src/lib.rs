@@ -31,6 +31,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+pub mod campaign;
+
 use nuvec_core::distributed::Group;
 use nuvec_distributed::RingCommunicator;
 use nuvec_distributed::fabric::{
@@ -155,9 +157,10 @@ impl Sim {
         self
     }
 
-    /// Bytes in flight or unread allowed per direction (the socket buffer).
+    /// Bytes in flight or unread allowed per direction (the socket buffer; at least 16, so
+    /// that a whole element of any dtype fits).
     pub fn window(mut self, bytes: usize) -> Self {
-        self.window = bytes.max(1);
+        self.window = bytes.max(16);
         self
     }
 
@@ -333,6 +336,35 @@ pub struct SimFabric {
     links: Vec<usize>,
 }
 
+impl SimFabric {
+    /// A handle on the job's virtual clock, usable while the fabric itself is lent out (to a
+    /// communicator, say).
+    pub fn clock(&self) -> SimClock {
+        SimClock {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The virtual clock of a simulated job.
+#[derive(Clone)]
+pub struct SimClock {
+    shared: Arc<Shared>,
+}
+
+impl SimClock {
+    /// Virtual time since the job started.
+    pub fn now(&self) -> Duration {
+        self.shared.lock().now
+    }
+}
+
+impl std::fmt::Debug for SimClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SimClock({:?})", self.now())
+    }
+}
+
 impl std::fmt::Debug for SimFabric {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "SimFabric(rank {} of {})", self.rank, self.size)
@@ -397,6 +429,7 @@ impl Shared {
     fn finish(&self, rank: usize) -> bool {
         let mut world = self.lock();
         let crashed = world.ranks[rank].state == RankState::Crashed;
+        world.ranks[rank].finished = true;
         if !crashed {
             world.ranks[rank].state = RankState::Done;
             world.close_rank(rank);
@@ -455,20 +488,20 @@ impl Shared {
                     kind: FailureKind::Invalid(format!("rank {rank} has no channel {channel}")),
                 });
             }
-            if let Transfer::Recv { landing, .. } = t {
-                if landing.len() % landing.grain() != 0 {
-                    return Err(FabricError {
-                        channel,
-                        direction: Direction::Recv,
-                        done: 0,
-                        total: landing.len(),
-                        kind: FailureKind::Invalid(format!(
-                            "{} bytes is not a multiple of the grain {}",
-                            landing.len(),
-                            landing.grain()
-                        )),
-                    });
-                }
+            if let Transfer::Recv { landing, .. } = t
+                && !landing.len().is_multiple_of(landing.grain())
+            {
+                return Err(FabricError {
+                    channel,
+                    direction: Direction::Recv,
+                    done: 0,
+                    total: landing.len(),
+                    kind: FailureKind::Invalid(format!(
+                        "{} bytes is not a multiple of the grain {}",
+                        landing.len(),
+                        landing.grain()
+                    )),
+                });
             }
             progress.push(Progress { done: 0, mark: 0 });
         }
@@ -612,6 +645,8 @@ struct Rank {
     stalled_until: Duration,
     /// Something happened that a waiting rank should look at.
     dirty: bool,
+    /// Its closure has returned (its thread waits for nothing any more).
+    finished: bool,
 }
 
 /// One direction of one connection: bytes from `from` on its link toward the far end.
@@ -726,6 +761,7 @@ impl World {
                     calls: 0,
                     stalled_until: Duration::ZERO,
                     dirty: false,
+                    finished: false,
                 })
                 .collect(),
             channels,
@@ -948,7 +984,11 @@ impl World {
                         && match rank.state {
                             RankState::Ready => true,
                             RankState::Waiting { deadline } => rank.dirty || deadline <= now,
-                            RankState::Done | RankState::Crashed => false,
+                            RankState::Done => false,
+                            // A crashed rank's thread may still wait for a turn (in a fabric
+                            // call, or before it started): it runs once more to learn of the
+                            // crash, and then finishes.
+                            RankState::Crashed => !rank.finished,
                         }
                 })
                 .collect();
