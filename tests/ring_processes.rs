@@ -167,14 +167,14 @@ fn transforms(group: &Group) {
     let rank = group.rank() as f32;
     // d/dx sum(all_sum(x * x)) = 2x on every rank (the cotangent passes through).
     let g = grad(|x: &Array| distributed::all_sum(&x.multiply(x), Some(group)).sum(..));
-    let x = array![1.0, 2.0, 3.0].add(&Array::from(rank));
+    let x = array![1.0, 2.0, 3.0].add(Array::from(rank));
     let gx = g(&x).expect("grad").to_vec::<f32>().expect("grad values");
     let want: Vec<f32> = [1.0, 2.0, 3.0].iter().map(|v| 2.0 * (v + rank)).collect();
     assert_eq!(gx, want);
     // all_gather's vjp takes this rank's rows.
     let g = grad(|x: &Array| {
         distributed::all_gather(x, Some(group))
-            .multiply(&ops::arange(0.0f32, size, 1.0f32))
+            .multiply(ops::arange(0.0f32, size, 1.0f32))
             .sum(..)
     });
     let gx = g(&Array::from_slice(&[5.0f32], [1]))
@@ -230,6 +230,8 @@ fn signalled(group: &Group, signal: &str) {
         let pid = std::process::id().to_string();
         let mut kill = std::process::Command::new("kill");
         kill.args([signal, &pid]);
+        // Not waited for: the signal stops or ends this very process.
+        #[allow(clippy::zombie_processes)]
         kill.spawn().expect("run kill");
     }
     let started = Instant::now();

@@ -108,10 +108,10 @@ fn run(
     let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
     loop {
         for (i, (child, _)) in children.iter_mut().enumerate() {
-            if codes[i].is_none() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    codes[i] = Some(status.code());
-                }
+            if codes[i].is_none()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                codes[i] = Some(status.code());
             }
         }
         let failed = stop_on_failure
