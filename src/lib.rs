@@ -55,11 +55,15 @@ mod env;
 pub mod error;
 pub mod fabric;
 pub mod hostfile;
+pub mod jaccl;
+#[doc(hidden)]
+pub mod launch;
 mod log;
 mod options;
 pub mod reduce;
 pub mod ring;
 pub mod stream;
+mod sync;
 pub mod tcp;
 
 pub use backend::{Backend, RingGroup, connect_ring, is_available};

@@ -1,0 +1,19 @@
+//! The crate's locks: std's, or loom's under `RUSTFLAGS="--cfg loom"`, so the loom models in
+//! `tests/loom.rs` explore every interleaving of the real code that takes them.
+//!
+//! Shared-memory state that several threads may touch goes through these types (today the
+//! communicator's sticky failure state, [`crate::comm`]). Under `cfg(loom)` they only work
+//! inside `loom::model`, so only the loom test runs in such a build.
+//!
+//! Not here: the process-wide registry of initialised groups (`backend.rs`, a `static` needs
+//! `Mutex::new` in a const context, which loom's is not), and the simulator's turn hand-off
+//! (`nuvec-fabric-sim`, a separate crate whose scoped threads loom cannot run; `tests/loom.rs`
+//! models a replica of it).
+
+// Until `comm.rs` takes its Mutex from here.
+#[allow(unused_imports)]
+#[cfg(loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
+#[allow(unused_imports)]
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
