@@ -1,0 +1,105 @@
+//! One failure model: argument errors are found before a byte moves and leave the group
+//! usable; the upstream 0.5.0 misalignment (an unsupported reduction failing mid-transfer, then
+//! a wrong next all_sum) cannot happen; after a wire failure every call fails at once.
+
+use std::time::Duration;
+
+use nuvec_core::DType;
+use nuvec_distributed::reduce::Reduction;
+use nuvec_distributed::{Error, RingCommunicator};
+use nuvec_fabric_sim::{Fault, Outcome, Sim};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn f32s(values: impl Iterator<Item = f32>) -> Vec<u8> {
+    values.flat_map(f32::to_le_bytes).collect()
+}
+
+#[test]
+fn complex_max_then_sum_gives_the_right_sum_on_every_rank() {
+    // Upstream 0.5.0 failed this all_max mid-transfer and then returned rank-dependent sums.
+    let report = Sim::ring(2, 1).seed(3).run(|fabric| {
+        let rank = nuvec_distributed::fabric::Fabric::rank(&fabric);
+        let comm = RingCommunicator::new(fabric, 1, TIMEOUT);
+        let mut big = f32s((0..(2 << 20)).map(|i| (i % 7) as f32 + rank as f32));
+        comm.try_all_reduce(Reduction::Max, DType::Complex64, &mut big)
+            .expect("complex64 all_max is MLX's lexicographic max");
+        let mut small = f32s([1.0f32, 1.0, 1.0, 1.0].into_iter());
+        comm.try_all_reduce(Reduction::Sum, DType::F32, &mut small)
+            .expect("all_sum");
+        small
+    });
+    for outcome in report.outcomes {
+        assert_eq!(outcome.returned().expect("returned"), f32s([2.0f32; 4].into_iter()));
+    }
+}
+
+#[test]
+fn argument_errors_move_no_byte_and_leave_the_group_usable() {
+    let report = Sim::ring(3, 2).seed(9).record_wire(true).run(|fabric| {
+        let comm = RingCommunicator::new(fabric, 2, TIMEOUT);
+        let mut errors = Vec::new();
+        // A length that is not a whole number of elements.
+        let mut odd = vec![0u8; 7];
+        errors.push(comm.try_all_reduce(Reduction::Sum, DType::F32, &mut odd));
+        // An all_gather output of the wrong size.
+        errors.push(comm.try_all_gather(&[1, 2, 3], &mut [0u8; 8]));
+        // A ring sends and receives between neighbours only; a rank is not its own neighbour.
+        let me = comm.topology().rank();
+        errors.push(comm.try_send(me, &[1, 2, 3]));
+        errors.push(comm.try_recv(5, &mut [0u8; 3]));
+        for e in &errors {
+            let e = e.as_ref().expect_err("an argument error");
+            assert!(e.leaves_group_usable(), "{e}");
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            assert!(e.to_string().contains(&format!("rank {me}")), "{e}");
+        }
+        let mut data = f32s((0..10).map(|i| i as f32));
+        comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data)
+            .expect("the group is still usable");
+        data
+    });
+    let want = f32s((0..10).map(|i| 3.0 * i as f32));
+    let total_wire: usize = report.wire.values().map(Vec::len).sum();
+    for outcome in report.outcomes {
+        assert_eq!(outcome.returned().expect("returned"), want);
+    }
+    // Only the final all_sum's bytes are on the wire: 10 f32 over 3 ranks is one sub-reduce
+    // whose segments are 4, 4 and 2 elements; at each of its 4 steps the 3 ranks send the 3
+    // segments once between them.
+    assert_eq!(total_wire, 4 * (16 + 16 + 8), "argument errors sent bytes");
+}
+
+#[test]
+fn after_a_wire_failure_every_call_fails_at_once_with_the_first_error() {
+    let report = Sim::ring(3, 1)
+        .seed(5)
+        .fault(Fault::Crash { rank: 2, call: 0 })
+        .run(|fabric| {
+            let comm = RingCommunicator::new(fabric, 1, TIMEOUT);
+            let mut data = vec![1u8; 1000];
+            let first = comm
+                .try_all_reduce(Reduction::Sum, DType::U8, &mut data)
+                .expect_err("a peer crashed");
+            let second = comm
+                .try_all_gather(&[1], &mut [0u8; 3])
+                .expect_err("the group failed");
+            (first, second)
+        });
+    for (rank, outcome) in report.outcomes.into_iter().enumerate() {
+        let (first, second) = match outcome {
+            Outcome::Returned(pair) => pair,
+            Outcome::Crashed => continue,
+            Outcome::Panicked(p) => panic!("rank {rank}: {p}"),
+        };
+        assert!(matches!(first, Error::Transport { .. }), "{first}");
+        assert!(first.to_string().contains("all_sum #0"), "{first}");
+        match second {
+            Error::Failed { first: inner, op, .. } => {
+                assert_eq!(*inner, first);
+                assert_eq!(op, "all_gather");
+            }
+            other => panic!("rank {rank}: {other}"),
+        }
+    }
+}
