@@ -204,7 +204,10 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
                     options = options.verbose(true);
                 }
                 let group = connect_ring(&nodes, ring.rank, &options)?.group();
-                remember(Backend::Ring, &group);
+                // A one-rank hostfile connects nothing: there is no group worth keeping.
+                if group.size() > 1 {
+                    remember(Backend::Ring, &group);
+                }
                 return Ok(group);
             }
             None => missing.push("MLX_HOSTFILE and MLX_RANK (ring)"),
@@ -229,4 +232,62 @@ fn remember(backend: Backend, group: &Group) {
         .unwrap_or_else(PoisonError::into_inner)
         .push((backend, group.clone()));
     distributed::set_default_group(group.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn none(_: &str) -> Option<OsString> {
+        None
+    }
+
+    #[test]
+    fn without_the_environment_strict_init_names_the_missing_variables() {
+        let env = Env::from_fn(&none);
+        let err = init_from(&env, true, Backend::Ring).expect_err("strict");
+        let text = err.to_string();
+        assert!(
+            text.contains("MLX_HOSTFILE") && text.contains("MLX_RANK"),
+            "{text}"
+        );
+        let err = init_from(&env, true, Backend::Jaccl).expect_err("strict");
+        assert!(err.to_string().contains("jaccl"), "{err}");
+    }
+
+    #[test]
+    fn without_the_environment_init_is_this_process_alone() {
+        let env = Env::from_fn(&none);
+        let group = init_from(&env, false, Backend::Any).expect("not strict");
+        assert_eq!((group.rank(), group.size()), (0, 1));
+    }
+
+    #[test]
+    fn a_hostfile_of_one_rank_is_this_process_alone() {
+        let dir = std::env::temp_dir().join(format!("nuvec-backend-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("one.json");
+        std::fs::write(&path, "[[\"127.0.0.1:1\"]]\n").expect("hostfile");
+        let path_text = path.clone().into_os_string();
+        let lookup = move |name: &str| match name {
+            "MLX_HOSTFILE" => Some(path_text.clone()),
+            "MLX_RANK" => Some("0".into()),
+            _ => None,
+        };
+        let group = init_from(&Env::from_fn(&lookup), true, Backend::Ring).expect("one rank");
+        assert_eq!(group.size(), 1);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn backends_parse_by_mlx_names() {
+        assert_eq!("any".parse::<Backend>().expect("any"), Backend::Any);
+        assert_eq!("ring".parse::<Backend>().expect("ring"), Backend::Ring);
+        assert_eq!("jaccl".parse::<Backend>().expect("jaccl"), Backend::Jaccl);
+        let err = "mpi".parse::<Backend>().expect_err("not provided");
+        assert!(err.to_string().contains("mpi"), "{err}");
+        assert!("tcp".parse::<Backend>().is_err());
+        assert!(is_available(Backend::Ring));
+    }
 }
