@@ -242,7 +242,7 @@ const DTYPES: [&str; 14] = [
 /// connections, and elements of `size` bytes: E < R, E = R, empty tail segments,
 /// non-divisible, both sides of R·256 KiB and of 2C·R·256 KiB, and more than 8 MiB.
 fn sizes(ranks: usize, conns: usize, size: usize, big: bool) -> Vec<usize> {
-    let mut v = vec![1, ranks, ranks * 5 + 1, 1000];
+    let mut v = vec![0, 1, ranks, ranks * 5 + 1, 1000];
     if ranks > 2 {
         v.push((ranks - 1) * 3); // ⌈E/R⌉ = 3 leaves the last segment empty
     }

@@ -1513,11 +1513,10 @@ fn the_reference_reduction_keeps_mlx_operand_rules() {
     assert_eq!(out, f(-0.0));
 }
 
-/// A literal reading of MLX's ring.cpp sends 2(R−1) zero elements on `right[0]` for an
-/// all-reduce of zero elements (`size < size_` takes the small path); the crate sends nothing.
-/// Ignored until it is known whether stock MLX evaluates a zero-size `all_sum` (see the report).
+/// MLX's ring.cpp sends 2(R−1) zero elements on `right[0]` for an all-reduce of zero elements
+/// (`size < size_` takes the small path); so must we (a mixed job with stock MLX hangs
+/// otherwise).
 #[test]
-#[ignore = "open question: does MLX's ring put bytes on the wire for a zero-element all_sum?"]
 fn an_empty_all_reduce_puts_what_a_literal_mlx_puts_on_the_wire() {
     let case = case_with(
         3,

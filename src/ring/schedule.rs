@@ -72,19 +72,21 @@ pub const fn ceil_div(a: usize, b: usize) -> usize {
 }
 
 /// The plan of an all-reduce of `elements` elements of `element_size` bytes over `ranks` ranks
-/// with `conns` connections per neighbour (MLX §2.6.1–2.6.2).
+/// with `conns` connections per neighbour (MLX §2.6.1–2.6.2). An empty all-reduce is MLX's small
+/// path like any E < R: MLX exchanges R zero elements even then.
 pub fn all_reduce_plan(
     elements: usize,
     element_size: usize,
     ranks: usize,
     conns: usize,
 ) -> AllReducePlan {
-    if ranks < 2 || elements == 0 {
+    if ranks < 2 {
         return AllReducePlan {
             padded: None,
             parts: Vec::new(),
         };
     }
+    // MLX takes the small path for E = 0 too: it exchanges R zero elements.
     if elements < ranks {
         return AllReducePlan {
             padded: Some(ranks),
@@ -300,7 +302,7 @@ mod tests {
 
     #[test]
     fn parts_cover_the_buffer_exactly_once() {
-        for elements in [1usize, 7, 100, 1 << 20, (1 << 22) + 3] {
+        for elements in [0usize, 1, 7, 100, 1 << 20, (1 << 22) + 3] {
             for ranks in 2..=5 {
                 for conns in 1..=3 {
                     let plan = all_reduce_plan(elements, 2, ranks, conns);

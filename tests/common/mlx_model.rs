@@ -390,15 +390,10 @@ pub fn reduce_plan_literal(e: usize, s: usize, r: usize, c: usize) -> ReducePlan
     ReducePlan { padded: None, subs }
 }
 
-/// Whether an all-reduce of zero elements puts nothing on the wire.
-///
-/// A literal reading of ring.cpp says MLX takes the small path for E = 0 (`size < size_`) and
-/// exchanges 2(R−1) zero elements; `src/ring/schedule.rs` (`all_reduce_plan`) sends nothing.
-/// Whether a stock MLX process evaluates a zero-size `all_sum` at all is not verified here (see
-/// the report); the model follows the crate so that the property tests check everything
-/// else, and `an_empty_all_reduce_puts_what_a_literal_mlx_puts_on_the_wire` (ignored) keeps
-/// the question visible.
-pub const EMPTY_REDUCE_IS_SILENT: bool = true;
+/// Whether an all-reduce of zero elements puts nothing on the wire: no. MLX takes the small
+/// path for E = 0 (`size < size_`) and exchanges 2(R−1) zero elements, which a mixed job with
+/// `mlx[cpu]==0.32.4` confirms (`tests/interop.rs` includes E = 0).
+pub const EMPTY_REDUCE_IS_SILENT: bool = false;
 
 /// `[min(j·S, D), min((j+1)·S, D))` with `S = ⌈D/R⌉`: MLX's `send_start`/`send_stop` (an empty
 /// range where `j·S ≥ D`).
