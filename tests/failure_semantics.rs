@@ -30,7 +30,10 @@ fn complex_max_then_sum_gives_the_right_sum_on_every_rank() {
         small
     });
     for outcome in report.outcomes {
-        assert_eq!(outcome.returned().expect("returned"), f32s([2.0f32; 4].into_iter()));
+        assert_eq!(
+            outcome.returned().expect("returned"),
+            f32s([2.0f32; 4].into_iter())
+        );
     }
 }
 
@@ -95,7 +98,9 @@ fn after_a_wire_failure_every_call_fails_at_once_with_the_first_error() {
         assert!(matches!(first, Error::Transport { .. }), "{first}");
         assert!(first.to_string().contains("all_sum #0"), "{first}");
         match second {
-            Error::Failed { first: inner, op, .. } => {
+            Error::Failed {
+                first: inner, op, ..
+            } => {
                 assert_eq!(*inner, first);
                 assert_eq!(op, "all_gather");
             }
