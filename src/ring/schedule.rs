@@ -6,6 +6,15 @@
 
 use std::ops::Range;
 
+use smallvec::SmallVec;
+
+/// The parts of one collective: up to 2C, kept on the stack for C ≤ 4 (the steady state
+/// allocates nothing).
+pub type Parts = SmallVec<[Part; 8]>;
+
+/// The byte ranges of a point-to-point transfer, one per socket used.
+pub type Pieces = SmallVec<[Range<usize>; 4]>;
+
 /// MLX's `min_send_size`: a new sub-reduce (or gather) per 256 KiB of each rank's share.
 pub const MIN_SEND_SIZE: usize = 262_144;
 
@@ -63,7 +72,7 @@ pub struct AllReducePlan {
     /// reduced there with one rightward sub-reduce on pair 0.
     pub padded: Option<usize>,
     /// The sub-reduces, over element ranges of the (padded) buffer.
-    pub parts: Vec<Part>,
+    pub parts: Parts,
 }
 
 /// `⌈a / b⌉` for `b > 0`.
@@ -83,14 +92,14 @@ pub fn all_reduce_plan(
     if ranks < 2 {
         return AllReducePlan {
             padded: None,
-            parts: Vec::new(),
+            parts: Parts::new(),
         };
     }
     // MLX takes the small path for E = 0 too: it exchanges R zero elements.
     if elements < ranks {
         return AllReducePlan {
             padded: Some(ranks),
-            parts: vec![Part {
+            parts: smallvec::smallvec![Part {
                 index: 0,
                 range: 0..ranks,
                 pair: 0,
@@ -165,9 +174,9 @@ pub fn all_reduce_step(rank: usize, ranks: usize, flow: Flow, t: usize) -> RingS
 
 /// The plan of an all-gather of `bytes` bytes per rank: G gathers over byte ranges of every
 /// rank's block (MLX §2.7).
-pub fn all_gather_plan(bytes: usize, conns: usize) -> Vec<Part> {
+pub fn all_gather_plan(bytes: usize, conns: usize) -> Parts {
     if bytes == 0 {
-        return Vec::new();
+        return Parts::new();
     }
     let g = (bytes / MIN_SEND_SIZE).clamp(1, (2 * conns).max(1));
     let b = ceil_div(bytes, g);
@@ -191,7 +200,7 @@ pub fn all_gather_step(rank: usize, ranks: usize, flow: Flow, t: usize) -> (usiz
 /// The byte ranges a point-to-point transfer of `bytes` puts on each of `conns` sockets:
 /// `max(1024, ⌈n/C⌉)` bytes each, socket k taking `[k·seg, min(n, (k+1)·seg))` while
 /// `k·seg < n` (MLX §2.8).
-pub fn p2p_split(bytes: usize, conns: usize) -> Vec<Range<usize>> {
+pub fn p2p_split(bytes: usize, conns: usize) -> Pieces {
     let seg = ceil_div(bytes, conns.max(1)).max(MIN_P2P_SEGMENT);
     (0..conns.max(1))
         .map(|k| k * seg..((k + 1) * seg).min(bytes))
@@ -369,10 +378,13 @@ mod tests {
     #[test]
     #[allow(clippy::single_range_in_vec_init)]
     fn point_to_point_uses_at_least_1024_bytes_per_socket() {
-        assert_eq!(p2p_split(100, 2), [0..100]);
-        assert_eq!(p2p_split(1500, 2), [0..1024, 1024..1500]);
-        assert_eq!(p2p_split(4000, 2), [0..2000, 2000..4000]);
-        assert_eq!(p2p_split(3001, 3), [0..1024, 1024..2048, 2048..3001]);
+        assert_eq!(p2p_split(100, 2).as_slice(), [0..100]);
+        assert_eq!(p2p_split(1500, 2).as_slice(), [0..1024, 1024..1500]);
+        assert_eq!(p2p_split(4000, 2).as_slice(), [0..2000, 2000..4000]);
+        assert_eq!(
+            p2p_split(3001, 3).as_slice(),
+            [0..1024, 1024..2048, 2048..3001]
+        );
         assert!(p2p_split(0, 2).is_empty());
     }
 
