@@ -15,6 +15,9 @@ use nuvec_core::{Array, array, distributed, ops};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// How the launcher tells its ranks the largest size to time.
+const MAX_BYTES: &str = "NUVEC_EXAMPLE_MAX_BYTES";
+
 fn main() -> Result<()> {
     if std::env::var_os("MLX_RANK").is_some() {
         return rank();
@@ -22,22 +25,26 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let mut ranks = 4usize;
     let mut conns = 1usize;
+    let mut max_bytes = 64usize << 20;
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--max-bytes" => {
+                max_bytes = args.next().ok_or("--max-bytes needs a number")?.parse()?
+            }
             "-n" | "--ranks" => ranks = args.next().ok_or("-n needs a number")?.parse()?,
             "-c" | "--connections" => conns = args.next().ok_or("-c needs a number")?.parse()?,
             "-h" | "--help" => {
-                println!("usage: all_sum [-n RANKS] [-c CONNECTIONS_PER_RANK]");
+                println!("usage: all_sum [-n RANKS] [-c CONNECTIONS_PER_RANK] [--max-bytes B]");
                 return Ok(());
             }
             other => return Err(format!("unknown argument {other:?} (try --help)").into()),
         }
     }
-    launch(ranks.max(1), conns.max(1))
+    launch(ranks.max(1), conns.max(1), max_bytes)
 }
 
 /// Starts `ranks` copies of this program as the ranks of a local ring and waits for them.
-fn launch(ranks: usize, conns: usize) -> Result<()> {
+fn launch(ranks: usize, conns: usize, max_bytes: usize) -> Result<()> {
     // Free loopback ports: bind port 0, note the port, release it.
     let mut nodes = Vec::new();
     {
@@ -68,6 +75,7 @@ fn launch(ranks: usize, conns: usize) -> Result<()> {
             Command::new(&exe)
                 .env("MLX_HOSTFILE", &hostfile)
                 .env("MLX_RANK", r.to_string())
+                .env(MAX_BYTES, max_bytes.to_string())
                 .stdout(if r == 0 {
                     Stdio::inherit()
                 } else {
@@ -106,8 +114,12 @@ fn rank() -> Result<()> {
             "bytes", "p50 (µs)", "algbw GB/s", "busbw GB/s"
         );
     }
+    let max_bytes: usize = match std::env::var(MAX_BYTES) {
+        Ok(v) => v.parse()?,
+        Err(_) => 64 << 20,
+    };
     let mut bytes = 4096usize;
-    while bytes <= 64 << 20 {
+    while bytes <= max_bytes {
         let elements = bytes / 4;
         let x = ops::full([elements], 1.0f32);
         x.eval()?;

@@ -1,0 +1,151 @@
+//! Data-parallel training: every rank holds the same model and a shard of the data; the
+//! gradients are averaged with `all_sum` each step, so the parameters stay identical on every
+//! rank.
+//!
+//! `cargo run --release --ignore-rust-version --example data_parallel -- -n 4` starts 4 local
+//! ranks over TCP; rank 0 prints the loss. Under `mlx.launch` or `nuvec-launch` the binary runs
+//! as one rank. The model is a linear regression y = x·w + b on synthetic data whose true
+//! weights are known, so the loss must fall towards the noise level.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+
+use nuvec_core::{Array, DType, distributed, random, value_and_grad};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const FEATURES: usize = 8;
+const SAMPLES_PER_RANK: usize = 256;
+const STEPS: usize = 60;
+const LEARNING_RATE: f32 = 0.1;
+
+fn main() -> Result<()> {
+    if std::env::var_os("MLX_RANK").is_some() {
+        return rank();
+    }
+    let mut args = std::env::args().skip(1);
+    let mut ranks = 4usize;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-n" | "--ranks" => ranks = args.next().ok_or("-n needs a number")?.parse()?,
+            other => return Err(format!("unknown argument {other:?} (usage: -n RANKS)").into()),
+        }
+    }
+    let nodes: Vec<Vec<String>> = {
+        let listeners = (0..ranks.max(1))
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| vec![a.to_string()]))
+            .collect::<std::io::Result<_>>()?
+    };
+    let hostfile = std::env::temp_dir().join(format!("nuvec-dp-{}.json", std::process::id()));
+    std::fs::write(&hostfile, nuvec_distributed::hostfile::write(&nodes))?;
+    let exe = std::env::current_exe()?;
+    let mut children = (0..nodes.len())
+        .map(|r| {
+            Command::new(&exe)
+                .env("MLX_HOSTFILE", &hostfile)
+                .env("MLX_RANK", r.to_string())
+                .stdout(if r == 0 {
+                    Stdio::inherit()
+                } else {
+                    Stdio::null()
+                })
+                .spawn()
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut failed = false;
+    for (r, child) in children.iter_mut().enumerate() {
+        let status = child.wait()?;
+        if !status.success() {
+            eprintln!("rank {r} exited with {status}");
+            failed = true;
+        }
+    }
+    let _ = std::fs::remove_file(&hostfile);
+    if failed {
+        return Err("a rank failed".into());
+    }
+    Ok(())
+}
+
+/// This rank's shard: inputs x and targets y = x·w_true + b_true + noise.
+fn shard(rank: usize) -> (Array, Array) {
+    let key = random::key(1000 + rank as u64);
+    let x = random::normal(
+        [SAMPLES_PER_RANK, FEATURES],
+        DType::F32,
+        0.0,
+        1.0,
+        Some(&key),
+    );
+    let w_true = Array::from_slice(
+        &(0..FEATURES)
+            .map(|i| i as f32 * 0.5 - 1.0)
+            .collect::<Vec<_>>(),
+        [FEATURES, 1],
+    );
+    let noise_key = random::key(2000 + rank as u64);
+    let noise = random::normal(
+        [SAMPLES_PER_RANK, 1],
+        DType::F32,
+        0.0,
+        0.1,
+        Some(&noise_key),
+    );
+    let y = x.matmul(&w_true).add(0.3f32).add(noise);
+    (x, y)
+}
+
+fn rank() -> Result<()> {
+    let group = nuvec_distributed::init(true)?;
+    let (r, n) = (group.rank(), group.size());
+    let (x, y) = shard(r);
+    // Every rank starts from the same parameters.
+    let mut params = (
+        Array::from_slice(&[0.0f32; FEATURES], [FEATURES, 1]),
+        Array::from_slice(&[0.0f32], [1]),
+    );
+    let loss = |(w, b): &(Array, Array)| {
+        let error = x.matmul(w).add(b).subtract(&y);
+        error.multiply(&error).mean(..)
+    };
+    let step = value_and_grad(loss);
+    for i in 0..STEPS {
+        let (value, (gw, gb)) = step(&params)?;
+        // Average the gradients (and the loss, for printing) over the ranks.
+        let gw = distributed::all_sum(&gw, None).divide(n as f32);
+        let gb = distributed::all_sum(&gb, None).divide(n as f32);
+        let value = distributed::all_sum(&value, None).divide(n as f32);
+        params = (
+            params.0.subtract(gw.multiply(LEARNING_RATE)),
+            params.1.subtract(gb.multiply(LEARNING_RATE)),
+        );
+        // Every rank evaluates the same collectives in the same order: the loss too, though only
+        // rank 0 prints it (a collective evaluated on one rank only would hang the others).
+        nuvec_core::eval(&(params.0.clone(), params.1.clone(), value.clone()))?;
+        if r == 0 && (i % 10 == 0 || i + 1 == STEPS) {
+            println!("step {i:>3}: loss {:.5}", value.item::<f32>()?);
+        }
+    }
+    // The parameters must be bit-identical on every rank.
+    let mine = params.0.reshape([FEATURES]).to_vec::<f32>()?;
+    let all = distributed::all_gather(&params.0.reshape([FEATURES]), None).to_vec::<f32>()?;
+    for (q, theirs) in all.chunks(FEATURES).enumerate() {
+        let same = theirs
+            .iter()
+            .zip(&mine)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        if !same {
+            return Err(format!("rank {q}'s parameters differ from rank {r}'s").into());
+        }
+    }
+    if r == 0 {
+        println!("w = {mine:.3?}");
+        println!("b = {:.3}", params.1.item::<f32>()?);
+        println!("parameters identical on all {n} ranks");
+    }
+    Ok(())
+}
