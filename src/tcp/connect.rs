@@ -25,6 +25,9 @@ use crate::log::Log;
 /// nothing holds up setup for no longer than this.
 const HANDSHAKE: Duration = Duration::from_secs(5);
 
+/// How often a rank waiting for a connection says who it is still waiting for.
+const PROGRESS: Duration = Duration::from_secs(5);
+
 /// The sockets of one rank of a ring: `right[c]` was opened by this rank to its right
 /// neighbour's address c, `left[c]` was accepted on this rank's own address c.
 #[derive(Debug)]
@@ -265,7 +268,14 @@ fn accept_all(
                     who.peer
                 ));
             }
-            match poll.poll(&mut events, Some(deadline - now)) {
+            // Wake up every few seconds to say who is still missing.
+            let wait = (deadline - now).min(PROGRESS);
+            match poll.poll(&mut events, Some(wait)) {
+                Ok(()) if events.is_empty() && Instant::now() < deadline => log.info(format_args!(
+                    "still waiting for rank {} to connect to {address} (connection {c}), {:?} left",
+                    who.peer,
+                    deadline.saturating_duration_since(Instant::now())
+                )),
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(format!("waiting on {address}: {e}")),
