@@ -8,7 +8,7 @@
 //! that the caller can cause (an unsupported dtype, a wrong size, a peer that is not a
 //! neighbour) are found before anything is sent and leave the group usable.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use nuvec_core::DType;
@@ -19,6 +19,7 @@ use crate::fabric::{Fabric, FabricError};
 use crate::log::Log;
 use crate::reduce::{Reducer, Reduction};
 use crate::ring::{RingTopology, algorithm, schedule};
+use crate::sync::{Mutex, MutexGuard};
 
 /// MLX's ring over a fabric, as a `nuvec_core` communicator.
 ///
@@ -124,7 +125,7 @@ impl<F: Fabric> RingCommunicator<F> {
         self.lock().fabric.take()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State<F>> {
+    fn lock(&self) -> MutexGuard<'_, State<F>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

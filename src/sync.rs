@@ -10,10 +10,7 @@
 //! (`nuvec-fabric-sim`, a separate crate whose scoped threads loom cannot run; `tests/loom.rs`
 //! models a replica of it).
 
-// Until `comm.rs` takes its Mutex from here.
-#[allow(unused_imports)]
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
-#[allow(unused_imports)]
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
