@@ -166,6 +166,13 @@ impl<F: Fabric> RingCommunicator<F> {
         let result = body(fabric, scratch, start + self.timeout);
         if let Err(source) = result {
             let waited = fabric.now().saturating_sub(start);
+            // The peer this rank was waiting for may only have given up because another one
+            // failed first: say which other peers are unreachable too.
+            let unreachable = fabric
+                .probe()
+                .into_iter()
+                .filter(|(peer, _)| *peer != source.peer())
+                .collect();
             let error = Error::Transport {
                 rank,
                 op,
@@ -173,6 +180,7 @@ impl<F: Fabric> RingCommunicator<F> {
                 bytes,
                 waited,
                 source: Box::new(source),
+                unreachable,
             };
             self.log.error(format_args!("{error}"));
             state.failed = Some(error.clone());

@@ -27,7 +27,8 @@ pub enum Error {
     },
     /// A collective failed on the wire; the group is failed from now on.
     #[error(
-        "distributed: rank {rank}: {op} #{seq} ({bytes} bytes) failed after {waited:.3?}: {source}"
+        "distributed: rank {rank}: {op} #{seq} ({bytes} bytes) failed after {waited:.3?}: {source}{}",
+        Unreachable(unreachable)
     )]
     Transport {
         /// The rank that saw the failure.
@@ -42,6 +43,9 @@ pub enum Error {
         waited: Duration,
         /// The failed transfer: peer, link, direction, progress and cause.
         source: Box<FabricError>,
+        /// Other peers found unreachable when it failed, `(peer, what)`: the one that failed
+        /// first may be among them when this rank only saw a neighbour give up.
+        unreachable: Vec<(usize, String)>,
     },
     /// An operation was called on a group that had failed before.
     #[error(
@@ -74,6 +78,19 @@ pub enum Error {
         /// What failed: which address, which peer, after how long.
         what: String,
     },
+}
+
+/// The list of other unreachable peers, as it ends a transport error's message.
+struct Unreachable<'a>(&'a [(usize, String)]);
+
+impl std::fmt::Display for Unreachable<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (peer, what)) in self.0.iter().enumerate() {
+            let lead = if i == 0 { "; also unreachable: " } else { ", " };
+            write!(f, "{lead}rank {peer} ({what})")?;
+        }
+        Ok(())
+    }
 }
 
 impl Error {
