@@ -1549,10 +1549,9 @@ fn an_empty_all_reduce_puts_what_a_literal_mlx_puts_on_the_wire() {
 
 /// `Fault::CrashAt`: a rank crashed at a virtual time while blocked in the fabric.
 ///
-/// Ignored: the simulator hangs (the crashed rank's thread is never scheduled again, so
-/// `Sim::run` never returns); see the report. The watchdog turns the hang into a failure.
+/// A crashed rank's thread gets a last turn to learn of the crash, so `Sim::run` returns (it
+/// once hung here; the watchdog would turn such a hang into a failure).
 #[test]
-#[ignore = "fabric-sim: Fault::CrashAt hangs Sim::run (the crashed rank is never rescheduled)"]
 fn a_crash_at_a_virtual_time_fails_every_live_rank_by_its_deadline() {
     for (ranks, seed) in [(4, 1u64), (2, 2), (5, 3)] {
         let mut case = case_with(
