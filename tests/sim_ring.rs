@@ -1179,7 +1179,21 @@ fn check(
                             "rank {r} op {i}: the error does not name a neighbour ({left} or {right}): {text}"
                         ));
                     }
-                    let mut deadline = run.t0 + TIMEOUT;
+                    // Every communicator operation has its own deadline: a send/recv op is
+                    // two of them, the second starting when the first ends.
+                    let operations = match case.ops[i] {
+                        Op::SendRecv { .. } => 2,
+                        _ => 1,
+                    };
+                    let mut deadline = run.t0 + TIMEOUT * operations;
+                    if let Error::Transport { waited, .. } = e
+                        && *waited > TIMEOUT + SLACK
+                        && stall_end.is_none_or(|(stalled, _)| stalled != r)
+                    {
+                        return Err(format!(
+                            "rank {r} op {i}: the failing operation ran {waited:?}, past its timeout: {text}"
+                        ));
+                    }
                     if let Some((stalled, end)) = stall_end
                         && stalled == r
                     {
