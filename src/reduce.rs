@@ -128,6 +128,8 @@ pub struct Reducer {
     dtype: DType,
     element_size: usize,
     kernel: fn(&mut [u8], &[u8]),
+    /// JACCL's max and min: the kernel with its operands exchanged.
+    swapped: bool,
 }
 
 impl Reducer {
@@ -161,7 +163,19 @@ impl Reducer {
             dtype,
             element_size: dtype.size(),
             kernel,
+            swapped: false,
         })
+    }
+
+    /// The reduction as MLX's JACCL backend applies it (`lib/jaccl/reduction_ops.h`): the sum
+    /// is the ring's, but max is `(local > received) ? local : received` and min
+    /// `(local < received) ? local : received`, which keep `received` where the ring's
+    /// `std::max`/`std::min` keep `local`: on NaNs and on equal values such as `-0.0` and
+    /// `+0.0`. That is the ring's kernel with its operands exchanged.
+    pub fn jaccl(op: Reduction, dtype: DType) -> Result<Self, UnsupportedReduction> {
+        let mut reducer = Self::new(op, dtype)?;
+        reducer.swapped = op != Reduction::Sum;
+        Ok(reducer)
     }
 
     /// The reduction.
@@ -198,7 +212,19 @@ impl Reducer {
             self.dtype,
             self.element_size
         );
-        (self.kernel)(local, received);
+        if !self.swapped {
+            (self.kernel)(local, received);
+            return;
+        }
+        // local = received ⊕ local, a block at a time through a stack copy of `received`.
+        let mut copy = [0u8; BLOCK * 16];
+        let step = BLOCK * self.element_size;
+        for (l, r) in local.chunks_mut(step).zip(received.chunks(step)) {
+            let copy = &mut copy[..r.len()];
+            copy.copy_from_slice(r);
+            (self.kernel)(copy, l);
+            l.copy_from_slice(copy);
+        }
     }
 }
 
@@ -1690,5 +1716,52 @@ mod tests {
         Reducer::new(Reduction::Sum, DType::F32)
             .unwrap()
             .apply(&mut [0; 6], &[0; 6]);
+    }
+
+    #[test]
+    fn jaccl_max_and_min_keep_the_received_operand_where_the_ring_keeps_the_local_one() {
+        let f = |xs: &[f32]| xs.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let local = f(&[f32::NAN, 0.0, 1.0, 3.0]);
+        let received = f(&[1.0, -0.0, f32::NAN, 2.0]);
+        for (op, ring_keeps, jaccl_keeps) in [
+            (
+                Reduction::Max,
+                f(&[f32::NAN, 0.0, 1.0, 3.0]),
+                f(&[1.0, -0.0, f32::NAN, 3.0]),
+            ),
+            (
+                Reduction::Min,
+                f(&[f32::NAN, 0.0, 1.0, 2.0]),
+                f(&[1.0, -0.0, f32::NAN, 2.0]),
+            ),
+        ] {
+            let mut ring = local.clone();
+            Reducer::new(op, DType::F32)
+                .unwrap()
+                .apply(&mut ring, &received);
+            let mut jaccl = local.clone();
+            Reducer::jaccl(op, DType::F32)
+                .unwrap()
+                .apply(&mut jaccl, &received);
+            assert_eq!(ring, ring_keeps, "{op:?}");
+            assert_eq!(jaccl, jaccl_keeps, "{op:?}");
+        }
+        // Sums are the same kernel; long unaligned buffers go through the blocked copy.
+        let long: Vec<u8> = (0..4099u32).map(|i| i as u8).collect();
+        for dtype in [DType::I8, DType::BF16, DType::F64, DType::Complex64] {
+            let n = long.len() / dtype.size() * dtype.size();
+            let (a, b) = (&long[1..n], &long[..n - 1]);
+            let a = &a[..a.len() / dtype.size() * dtype.size()];
+            let b = &b[..a.len()];
+            let mut swapped = a.to_vec();
+            Reducer::jaccl(Reduction::Max, dtype)
+                .unwrap()
+                .apply(&mut swapped, b);
+            let mut plain = b.to_vec();
+            Reducer::new(Reduction::Max, dtype)
+                .unwrap()
+                .apply(&mut plain, a);
+            assert_eq!(swapped, plain, "{dtype}");
+        }
     }
 }
