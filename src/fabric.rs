@@ -236,6 +236,15 @@ pub enum FailureKind {
         /// The size of the message.
         got: usize,
     },
+    /// A message never arrived (message channels that number their messages, as RDMA
+    /// immediate data can): the next one came in its place.
+    #[error("message {expected} was lost (message {got} arrived in its place)")]
+    Lost {
+        /// The sequence number expected.
+        expected: u64,
+        /// The sequence number that arrived.
+        got: u64,
+    },
     /// A completion came back with an error status (message channels).
     #[error("completion status {0}")]
     Completion(String),

@@ -71,8 +71,28 @@ pub enum Fault {
         /// For how long.
         duration: Duration,
     },
+    /// Message channels: the `message`-th message (counting from 0) that `rank` sends on
+    /// `channel` is lost without a trace, as UC loses a packet.
+    Lose {
+        /// The sender.
+        rank: usize,
+        /// The sender's channel.
+        channel: Channel,
+        /// Which of its messages.
+        message: u64,
+    },
+    /// Message channels: the send of the `message`-th message `rank` sends on `channel`
+    /// completes with an error status (and the message is not delivered).
+    ErrorStatus {
+        /// The sender.
+        rank: usize,
+        /// The sender's channel.
+        channel: Channel,
+        /// Which of its messages.
+        message: u64,
+    },
     /// The connection at `rank`'s channel `channel` is cut at `at`: both directions close
-    /// and bytes in flight are lost.
+    /// and bytes in flight are lost (message channels: silently, as a cable pulled under UC).
     Cut {
         /// One end of the connection.
         rank: usize,
@@ -97,6 +117,47 @@ pub struct Sim {
     record_wire: bool,
     /// Connections per neighbour, for a ring made by [`Sim::ring`].
     ring_links: Option<usize>,
+    /// Message channels with RDMA UC semantics instead of streams.
+    uc: Option<Uc>,
+}
+
+/// What becomes of a message that arrives when its queue pair has no receive posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unexpected {
+    /// It is dropped, as InfiniBand's UC specifies.
+    Drop,
+    /// It waits until a receive is posted, as Apple's Thunderbolt provider appears to do
+    /// (MLX's JACCL relies on it).
+    Hold,
+}
+
+/// The model of RDMA Unreliable Connected queue pairs for [`Sim::uc`]: every send is one
+/// message; every receive takes exactly one. The fabric keeps `posted` receives posted per
+/// queue pair, re-posting one as each is consumed; a message that finds none is dropped or
+/// held ([`Unexpected`]), and a message may be lost on the way (`loss`, and
+/// [`Fault::Lose`]). A sender's completion is local: it says nothing about delivery. Messages
+/// carry their sequence number as RDMA immediate data would, so a receiver that finds one
+/// missing fails at once instead of taking the next message for it. A peer that crashes or
+/// finishes, or a cut link, closes nothing: the other side only hears silence.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Uc {
+    /// Receives kept posted per queue pair (at least 1).
+    pub posted: usize,
+    /// What happens to a message that finds no receive posted.
+    pub unexpected: Unexpected,
+    /// The probability that any message is lost.
+    pub loss: f64,
+}
+
+impl Default for Uc {
+    /// Two receives posted (MLX's depth), messages held as on Apple's provider, no loss.
+    fn default() -> Self {
+        Self {
+            posted: 2,
+            unexpected: Unexpected::Hold,
+            loss: 0.0,
+        }
+    }
 }
 
 impl Sim {
@@ -121,7 +182,28 @@ impl Sim {
             faults: Vec::new(),
             record_wire: false,
             ring_links: None,
+            uc: None,
         }
+    }
+
+    /// A JACCL mesh of `ranks` ranks: one UC queue pair between every pair, [`Uc::default`].
+    pub fn mesh(ranks: usize) -> Self {
+        Self::new(Wiring::mesh(ranks, 1)).uc(Uc::default())
+    }
+
+    /// A JACCL ring of `ranks` ranks with `wires` UC queue pairs to each neighbour, numbered as
+    /// [`Sim::ring`]'s connections, [`Uc::default`].
+    pub fn jaccl_ring(ranks: usize, wires: usize) -> Self {
+        Self::ring(ranks, wires).uc(Uc::default())
+    }
+
+    /// Makes every channel a message channel with RDMA UC semantics ([`Uc`]).
+    pub fn uc(mut self, uc: Uc) -> Self {
+        self.uc = Some(Uc {
+            posted: uc.posted.max(1),
+            ..uc
+        });
+        self
     }
 
     /// The seed that fixes every choice (overridden by [`SEED_VAR`] when it is set).
@@ -170,7 +252,8 @@ impl Sim {
         self
     }
 
-    /// Records every byte each channel direction carried into [`Report::wire`].
+    /// Records every byte each channel direction carried into [`Report::wire`] (and, on
+    /// message channels, every message's length into [`Report::messages`]).
     pub fn record_wire(mut self, on: bool) -> Self {
         self.record_wire = on;
         self
@@ -236,6 +319,11 @@ impl Sim {
                         shared.wait_turn(rank);
                         let fabric = SimFabric {
                             shared: Arc::clone(&shared),
+                            kind: if self.uc.is_some() {
+                                ChannelKind::Message
+                            } else {
+                                ChannelKind::Stream
+                            },
                             rank,
                             size,
                             links: (0..size)
@@ -272,6 +360,12 @@ impl Sim {
                 .iter()
                 .filter(|(_, w)| !w.record.is_empty())
                 .map(|(&key, w)| (key, w.record.clone()))
+                .collect(),
+            messages: world
+                .channels
+                .iter()
+                .filter(|(_, w)| !w.sizes.is_empty())
+                .map(|(&key, w)| (key, w.sizes.clone()))
                 .collect(),
         }
     }
@@ -319,6 +413,9 @@ pub struct Report<T> {
     pub end: Duration,
     /// With [`Sim::record_wire`]: every byte sent, per `(sender, sender's channel)`.
     pub wire: BTreeMap<(usize, Channel), Vec<u8>>,
+    /// Message channels: the length of every message sent, per `(sender, sender's channel)`
+    /// (lost ones included).
+    pub messages: BTreeMap<(usize, Channel), Vec<usize>>,
 }
 
 impl<T> Report<T> {
@@ -331,6 +428,7 @@ impl<T> Report<T> {
 /// One rank's fabric in a simulated job.
 pub struct SimFabric {
     shared: Arc<Shared>,
+    kind: ChannelKind,
     rank: usize,
     size: usize,
     links: Vec<usize>,
@@ -381,7 +479,7 @@ impl Fabric for SimFabric {
     }
 
     fn kind(&self) -> ChannelKind {
-        ChannelKind::Stream
+        self.kind
     }
 
     fn links(&self, peer: usize) -> usize {
@@ -505,6 +603,9 @@ impl Shared {
             }
             progress.push(Progress { done: 0, mark: 0 });
         }
+        if world.uc.is_some() {
+            return self.run_messages(world, rank, step, deadline, started);
+        }
         // Queue the sends: the simulator copies them into the channel's outbox.
         for (t, p) in step.iter().zip(progress.iter_mut()) {
             if let Transfer::Send { channel, data } = t {
@@ -611,6 +712,111 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// [`Shared::run`] over message channels (UC semantics; see [`Uc`]).
+    fn run_messages<'a>(
+        &'a self,
+        mut world: MutexGuard<'a, World>,
+        rank: usize,
+        step: &mut [Transfer<'_>],
+        deadline: Duration,
+        started: Duration,
+    ) -> Result<(), FabricError> {
+        // A rank that crashed at this call sends nothing.
+        let crashed = world.ranks[rank].state == RankState::Crashed;
+        // Post every send at once; each completes when its message has left.
+        let mut departures: Vec<Option<Duration>> = Vec::with_capacity(step.len());
+        for t in step.iter() {
+            if crashed {
+                break;
+            }
+            if let Transfer::Send { channel, data } = t {
+                match world.send_message(rank, *channel, data) {
+                    Ok(departure) => departures.push(Some(departure)),
+                    Err(kind) => return Err(fail(t, 0, kind)),
+                }
+            } else {
+                departures.push(None);
+            }
+        }
+        let mut done = vec![false; step.len()];
+        loop {
+            if world.ranks[rank].state == RankState::Crashed {
+                return Err(match step.first() {
+                    Some(t) => fail(t, 0, FailureKind::Crashed),
+                    None => FabricError {
+                        channel: Channel::new(rank, 0),
+                        direction: Direction::Send,
+                        done: 0,
+                        total: 0,
+                        kind: FailureKind::Crashed,
+                    },
+                });
+            }
+            let mut blocked: Vec<Channel> = Vec::new();
+            for (i, t) in step.iter_mut().enumerate() {
+                if done[i] {
+                    continue;
+                }
+                match t {
+                    Transfer::Send { .. } => {
+                        done[i] = departures[i].is_some_and(|d| d <= world.now);
+                    }
+                    Transfer::Recv { channel, landing } => {
+                        if blocked.contains(channel) {
+                            continue;
+                        }
+                        let channel = *channel;
+                        let incoming = world.incoming_mut(rank, channel);
+                        let Some((seq, bytes)) = incoming.inbox.pop_front() else {
+                            blocked.push(channel);
+                            continue;
+                        };
+                        let expected = incoming.expect;
+                        incoming.expect = seq + 1;
+                        let want = landing.len();
+                        if seq != expected {
+                            let kind = FailureKind::Lost { expected, got: seq };
+                            return Err(fail(t, 0, kind));
+                        }
+                        if bytes.len() != want {
+                            let kind = FailureKind::MessageSize {
+                                want,
+                                got: bytes.len(),
+                            };
+                            return Err(fail(t, 0, kind));
+                        }
+                        landing.deliver(0, &bytes);
+                        done[i] = true;
+                        world.hash(&[2, rank as u64, channel.peer as u64, seq]);
+                    }
+                }
+            }
+            if done.iter().all(|&d| d) {
+                let now = world.now.as_nanos() as u64;
+                world.hash(&[3, rank as u64, now]);
+                world.ranks[rank].state = RankState::Ready;
+                let _world = self.yield_turn(world, rank);
+                return Ok(());
+            }
+            if world.now >= deadline {
+                let waited = world.now.saturating_sub(started);
+                let i =
+                    most_stuck(step, |i| if done[i] { step_len(&step[i]) } else { 0 }).unwrap_or(0);
+                world.hash(&[4, rank as u64]);
+                return Err(fail(&step[i], 0, FailureKind::TimedOut { waited }));
+            }
+            world.ranks[rank].state = RankState::Waiting { deadline };
+            world = self.yield_turn(world, rank);
+        }
+    }
+}
+
+/// The length of a transfer (for progress by fraction).
+fn step_len(t: &Transfer<'_>) -> usize {
+    t.len()
+}
+
 fn fail(t: &Transfer<'_>, done: usize, kind: FailureKind) -> FabricError {
     FabricError {
         channel: t.channel(),
@@ -667,6 +873,18 @@ struct Wire {
     last_arrival: Duration,
     closed: bool,
     record: Vec<u8>,
+    /// Message channels: messages on the wire, `(arrival, sequence number, bytes)`.
+    messages: VecDeque<(Duration, u64, Vec<u8>)>,
+    /// Message channels: messages in posted receives (or held), not yet taken.
+    inbox: VecDeque<(u64, Vec<u8>)>,
+    /// Message channels: messages sent so far (the next sequence number).
+    next_seq: u64,
+    /// Message channels: the sequence number the receiver expects next.
+    expect: u64,
+    /// Message channels: a cut link, which drops everything silently.
+    cut: bool,
+    /// Message channels: the length of every message sent.
+    sizes: Vec<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -681,6 +899,10 @@ enum Event {
         rank: usize,
     },
     StallEnd {
+        rank: usize,
+    },
+    /// A message of `rank`'s has left: its send is complete.
+    Wake {
         rank: usize,
     },
     Stall {
@@ -712,6 +934,11 @@ struct World {
     max_fragment: usize,
     window: usize,
     record_wire: bool,
+    uc: Option<Uc>,
+    /// Messages to lose: `(sender, channel, sequence number)`.
+    lose: Vec<(usize, Channel, u64)>,
+    /// Sends that complete with an error status: `(sender, channel, sequence number)`.
+    error_status: Vec<(usize, Channel, u64)>,
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
@@ -747,6 +974,12 @@ impl World {
                         last_arrival: Duration::ZERO,
                         closed: false,
                         record: Vec::new(),
+                        messages: VecDeque::new(),
+                        inbox: VecDeque::new(),
+                        next_seq: 0,
+                        expect: 0,
+                        cut: false,
+                        sizes: Vec::new(),
                     },
                 );
             }
@@ -776,6 +1009,9 @@ impl World {
             max_fragment: sim.max_fragment,
             window: sim.window,
             record_wire: sim.record_wire,
+            uc: sim.uc,
+            lose: Vec::new(),
+            error_status: Vec::new(),
         };
         for f in &sim.faults {
             match *f {
@@ -788,6 +1024,16 @@ impl World {
                         until_nanos: (at + duration).as_nanos() as u64,
                     },
                 ),
+                Fault::Lose {
+                    rank,
+                    channel,
+                    message,
+                } => world.lose.push((rank, channel, message)),
+                Fault::ErrorStatus {
+                    rank,
+                    channel,
+                    message,
+                } => world.error_status.push((rank, channel, message)),
                 Fault::Cut { rank, channel, at } => world.at(
                     at,
                     Event::Cut {
@@ -900,6 +1146,10 @@ impl World {
 
     /// Closes every wire to and from `rank`.
     fn close_rank(&mut self, rank: usize) {
+        if self.uc.is_some() {
+            // Queue pairs close nothing on the far side: it only hears silence.
+            return;
+        }
         let keys: Vec<(usize, Channel)> = self
             .channels
             .iter()
@@ -935,8 +1185,93 @@ impl World {
         self.close_rank(rank);
     }
 
+    /// Queues one message from `rank` on `channel` (message channels): assigns its sequence
+    /// number, decides whether it is lost, and puts it on the wire. Returns when its send
+    /// completes (it has left), or the error status of its completion.
+    fn send_message(
+        &mut self,
+        rank: usize,
+        channel: Channel,
+        data: &[u8],
+    ) -> Result<Duration, FailureKind> {
+        let (latency, jitter, bps, now, record) = (
+            self.latency,
+            self.jitter,
+            self.bytes_per_sec,
+            self.now,
+            self.record_wire,
+        );
+        let loss = self.uc.map_or(0.0, |uc| uc.loss);
+        let wire = self.channel_mut(rank, channel);
+        let seq = wire.next_seq;
+        wire.next_seq += 1;
+        if record {
+            wire.sizes.push(data.len());
+            wire.record.extend_from_slice(data);
+        }
+        if self.error_status.contains(&(rank, channel, seq)) {
+            self.hash(&[10, rank as u64, seq]);
+            return Err(FailureKind::Completion(format!(
+                "error status on message {seq} (simulated)"
+            )));
+        }
+        let lost = self.lose.contains(&(rank, channel, seq))
+            || (loss > 0.0 && self.rng.random_bool(loss.min(1.0)));
+        let jitter_ns = if jitter.is_zero() {
+            0
+        } else {
+            self.rng.random_range(0..=jitter.as_nanos() as u64)
+        };
+        let wire = self.channel_mut(rank, channel);
+        let start = wire.busy_until.max(now);
+        let on_wire =
+            Duration::from_nanos((data.len() as u128 * 1_000_000_000 / bps as u128) as u64);
+        wire.busy_until = start + on_wire;
+        let departure = wire.busy_until;
+        let arrival =
+            (departure + latency + Duration::from_nanos(jitter_ns)).max(wire.last_arrival);
+        if !lost && !wire.cut {
+            wire.last_arrival = arrival;
+            wire.messages.push_back((arrival, seq, data.to_vec()));
+            self.at(
+                arrival,
+                Event::Arrive {
+                    rank,
+                    peer: channel.peer,
+                    link: channel.link,
+                },
+            );
+        }
+        self.hash(&[11, rank as u64, seq, u64::from(lost), fnv(data)]);
+        self.at(departure, Event::Wake { rank });
+        Ok(departure)
+    }
+
+    /// The next message on `rank`'s `channel` reaches the far end: it takes a posted receive,
+    /// or is held, or is dropped.
+    fn arrive_message(&mut self, rank: usize, channel: Channel) {
+        let Some(uc) = self.uc else { return };
+        let wire = self.channel_mut(rank, channel);
+        let Some((_, seq, bytes)) = wire.messages.pop_front() else {
+            return;
+        };
+        let to = wire.to.0;
+        let gone = matches!(self.ranks[to].state, RankState::Done | RankState::Crashed);
+        let wire = self.channel_mut(rank, channel);
+        let full = wire.inbox.len() >= uc.posted && uc.unexpected == Unexpected::Drop;
+        let dropped = gone || wire.cut || full;
+        if !dropped {
+            wire.inbox.push_back((seq, bytes));
+            self.ranks[to].dirty = true;
+        }
+        self.hash(&[12, rank as u64, seq, u64::from(dropped)]);
+    }
+
     fn apply(&mut self, event: Event) {
         match event {
+            Event::Arrive { rank, peer, link } if self.uc.is_some() => {
+                self.arrive_message(rank, Channel::new(peer, link));
+            }
             Event::Arrive { rank, peer, link } => {
                 let wire = self.channel_mut(rank, Channel::new(peer, link));
                 if let Some((_, bytes)) = wire.in_flight.pop_front() {
@@ -953,16 +1288,19 @@ impl World {
                 self.hash(&[6, rank as u64]);
                 self.at(until, Event::StallEnd { rank });
             }
-            Event::StallEnd { rank } => self.ranks[rank].dirty = true,
+            Event::StallEnd { rank } | Event::Wake { rank } => self.ranks[rank].dirty = true,
             Event::Cut { rank, peer, link } => {
                 let channel = Channel::new(peer, link);
                 let Some((far, far_link)) = self.wiring.far_end(rank, channel) else {
                     return;
                 };
                 self.hash(&[7, rank as u64, peer as u64, link as u64]);
+                let silent = self.uc.is_some();
                 for key in [(rank, channel), (far, Channel::new(rank, far_link))] {
                     let wire = self.channel_mut(key.0, key.1);
-                    wire.closed = true;
+                    wire.closed = !silent;
+                    wire.cut = true;
+                    wire.messages.clear();
                     wire.in_flight.clear();
                     wire.in_flight_bytes = 0;
                     wire.outbox.clear();
