@@ -13,6 +13,8 @@ use nuvec_core::distributed::{self, Group};
 
 use crate::env::Env;
 use crate::error::Error;
+use crate::fabric::Fabric;
+use crate::jaccl::{self, FrameRule, JacclCommunicator, SideChannel};
 use crate::options::Options;
 use crate::tcp::TcpFabric;
 use crate::{RingCommunicator, hostfile, log::Log};
@@ -129,8 +131,74 @@ static GROUPS: Mutex<Vec<(Backend, Group)>> = Mutex::new(Vec::new());
 pub fn is_available(backend: Backend) -> bool {
     match backend {
         Backend::Any | Backend::Ring => true,
+        #[cfg(feature = "jaccl")]
+        Backend::Jaccl => crate::jaccl::rdma::available(),
+        #[cfg(not(feature = "jaccl"))]
         Backend::Jaccl => false,
     }
+}
+
+/// What carries a JACCL group's frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JacclFabric {
+    /// RDMA queue pairs, as MLX (feature `jaccl`).
+    Rdma,
+    /// TCP connections, one per cable ([`crate::jaccl::tcp`]): the same algorithms on any
+    /// network, for testing; not wire-compatible with MLX.
+    Tcp,
+}
+
+/// Connects this process's rank of the JACCL job `config` over `fabric`, every rank with the
+/// frame rule `rule`, and returns its group, not made the default.
+pub fn connect_jaccl(
+    config: &jaccl::Config,
+    fabric: JacclFabric,
+    rule: FrameRule,
+    options: &Options,
+) -> Result<Group, Error> {
+    config.validate()?;
+    let topology = config.topology()?;
+    let (rank, size) = (config.rank(), config.size());
+    let coordinator = config.coordinator_address().ok_or_else(|| {
+        Error::Config(
+            "jaccl: no coordinator address (JACCL_COORDINATOR or MLX_JACCL_COORDINATOR, `ip:port` of rank 0)"
+                .into(),
+        )
+    })?;
+    let log = Log::new(options.log, rank);
+    let mut side = SideChannel::connect(coordinator, rank, size, options.timeout)?;
+    match fabric {
+        JacclFabric::Tcp => {
+            let (tcp, topology) = jaccl::tcp::connect(config, &mut side, options.timeout)?;
+            Ok(jaccl_group(tcp, topology, rule, options.timeout, log))
+        }
+        #[cfg(feature = "jaccl")]
+        JacclFabric::Rdma => {
+            let rdma = jaccl::rdma::RdmaFabric::connect(config, &mut side, options.timeout)?;
+            Ok(jaccl_group(rdma, topology, rule, options.timeout, log))
+        }
+        #[cfg(not(feature = "jaccl"))]
+        JacclFabric::Rdma => {
+            let _ = topology;
+            Err(Error::Config(
+                "jaccl: this build has no RDMA fabric (build with the cargo feature jaccl), or set NUVEC_JACCL_FABRIC=tcp to run JACCL's algorithms over TCP".into(),
+            ))
+        }
+    }
+}
+
+fn jaccl_group<F: Fabric + Send + 'static>(
+    fabric: F,
+    topology: jaccl::Topology,
+    rule: FrameRule,
+    timeout: std::time::Duration,
+    log: Log,
+) -> Group {
+    let comm = match topology {
+        jaccl::Topology::Mesh => JacclCommunicator::mesh(fabric, rule, timeout),
+        jaccl::Topology::Ring { wires } => JacclCommunicator::ring(fabric, wires, rule, timeout),
+    };
+    Group::new(Arc::new(comm.with_log(log)))
 }
 
 /// Connects rank `rank` of MLX's ring over `nodes` (per rank its `host:port` addresses, all
@@ -183,7 +251,9 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
         return Ok(group);
     }
     let mut missing = Vec::new();
-    if matches!(backend, Backend::Any | Backend::Ring) {
+    // A JACCL launch sets MLX_RANK without MLX_HOSTFILE: `any` goes on to JACCL.
+    let ring_skipped = backend == Backend::Any && env.jaccl_launch() && !env.ring_launch();
+    if matches!(backend, Backend::Any | Backend::Ring) && !ring_skipped {
         match env.ring()? {
             Some(ring) => {
                 let nodes = hostfile::read(&ring.hostfile)?;
@@ -213,8 +283,25 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
             None => missing.push("MLX_HOSTFILE and MLX_RANK (ring)"),
         }
     }
-    if backend == Backend::Jaccl || (backend == Backend::Any && strict) {
-        missing.push("the JACCL variables (jaccl; this build has no feature jaccl)");
+    if matches!(backend, Backend::Any | Backend::Jaccl) {
+        match env.jaccl()? {
+            Some(config) => {
+                let mut options = Options::default();
+                if let Some(timeout) = env.timeout()? {
+                    options.timeout = timeout;
+                }
+                options.log = env.log_level()?;
+                let (fabric, rule) = env.jaccl_transport()?;
+                let group = connect_jaccl(&config, fabric, rule, &options)?;
+                if group.size() > 1 {
+                    remember(Backend::Jaccl, &group);
+                }
+                return Ok(group);
+            }
+            None => missing.push(
+                "MLX_IBV_DEVICES, MLX_RANK and MLX_JACCL_COORDINATOR (jaccl, or their JACCL_* names)",
+            ),
+        }
     }
     if strict {
         return Err(Error::Config(format!(

@@ -29,17 +29,82 @@ pub struct RingCommunicator<F: Fabric> {
     ring: RingTopology,
     timeout: Duration,
     log: Log,
-    state: Mutex<State<F>>,
+    state: Mutex<State<F, Vec<u8>>>,
 }
 
-struct State<F> {
-    fabric: Option<F>,
-    /// The zero-padded copy of the small all-reduce path, reused.
-    scratch: Vec<u8>,
+/// What a communicator guards with its lock: the fabric, reusable buffers, the sequence
+/// number and the first failure.
+pub(crate) struct State<F, S> {
+    pub(crate) fabric: Option<F>,
+    /// Buffers the algorithms reuse (the ring's zero-padded copy of its small path, say).
+    pub(crate) scratch: S,
     /// The number of operations started so far.
-    seq: u64,
+    pub(crate) seq: u64,
     /// The first failure, returned by every later call.
-    failed: Option<Error>,
+    pub(crate) failed: Option<Error>,
+}
+
+impl<F: Fabric, S> State<F, S> {
+    /// A fresh state over `fabric`.
+    pub(crate) fn new(fabric: F, scratch: S) -> Self {
+        Self {
+            fabric: Some(fabric),
+            scratch,
+            seq: 0,
+            failed: None,
+        }
+    }
+
+    /// Runs one operation of `rank` whose arguments the caller has checked: refuses it if the
+    /// group failed or closed, then runs `body` with a deadline `timeout` away and fails the
+    /// group if it fails (logging the error to `log`).
+    pub(crate) fn operate(
+        &mut self,
+        rank: usize,
+        timeout: Duration,
+        log: &Log,
+        op: &'static str,
+        bytes: usize,
+        body: impl FnOnce(&mut F, &mut S, Duration) -> Result<(), FabricError>,
+    ) -> Result<(), Error> {
+        if let Some(first) = &self.failed {
+            return Err(Error::Failed {
+                rank,
+                op,
+                first: Box::new(first.clone()),
+            });
+        }
+        let seq = self.seq;
+        self.seq += 1;
+        let Some(fabric) = self.fabric.as_mut() else {
+            return Err(Error::Closed { rank, op });
+        };
+        let start = fabric.now();
+        let result = body(fabric, &mut self.scratch, start + timeout);
+        if let Err(source) = result {
+            let waited = fabric.now().saturating_sub(start);
+            // The peer this rank was waiting for may only have given up because another one
+            // failed first: say which other peers are unreachable too.
+            let unreachable = fabric
+                .probe()
+                .into_iter()
+                .filter(|(peer, _)| *peer != source.peer())
+                .collect();
+            let error = Error::Transport {
+                rank,
+                op,
+                seq,
+                bytes,
+                waited,
+                source: Box::new(source),
+                unreachable,
+            };
+            log.error(format_args!("{error}"));
+            self.failed = Some(error.clone());
+            return Err(error);
+        }
+        Ok(())
+    }
 }
 
 impl<F: Fabric> std::fmt::Debug for RingCommunicator<F> {
@@ -80,12 +145,7 @@ impl<F: Fabric> RingCommunicator<F> {
             ring,
             timeout,
             log: Log::off(),
-            state: Mutex::new(State {
-                fabric: Some(fabric),
-                scratch: Vec::new(),
-                seq: 0,
-                failed: None,
-            }),
+            state: Mutex::new(State::new(fabric, Vec::new())),
         }
     }
 
@@ -125,7 +185,7 @@ impl<F: Fabric> RingCommunicator<F> {
         self.lock().fabric.take()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<F>> {
+    fn lock(&self) -> MutexGuard<'_, State<F, Vec<u8>>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -137,56 +197,15 @@ impl<F: Fabric> RingCommunicator<F> {
         }
     }
 
-    /// Runs one operation whose arguments the caller has checked: refuses it if the group
-    /// failed or closed, then runs `body` with a deadline and fails the group if it fails.
+    /// Runs one operation whose arguments the caller has checked ([`State::operate`]).
     fn operate(
         &self,
         op: &'static str,
         bytes: usize,
         body: impl FnOnce(&mut F, &mut Vec<u8>, Duration) -> Result<(), FabricError>,
     ) -> Result<(), Error> {
-        let mut state = self.lock();
-        let rank = self.ring.rank();
-        if let Some(first) = &state.failed {
-            return Err(Error::Failed {
-                rank,
-                op,
-                first: Box::new(first.clone()),
-            });
-        }
-        let seq = state.seq;
-        state.seq += 1;
-        let State {
-            fabric, scratch, ..
-        } = &mut *state;
-        let Some(fabric) = fabric.as_mut() else {
-            return Err(Error::Closed { rank, op });
-        };
-        let start = fabric.now();
-        let result = body(fabric, scratch, start + self.timeout);
-        if let Err(source) = result {
-            let waited = fabric.now().saturating_sub(start);
-            // The peer this rank was waiting for may only have given up because another one
-            // failed first: say which other peers are unreachable too.
-            let unreachable = fabric
-                .probe()
-                .into_iter()
-                .filter(|(peer, _)| *peer != source.peer())
-                .collect();
-            let error = Error::Transport {
-                rank,
-                op,
-                seq,
-                bytes,
-                waited,
-                source: Box::new(source),
-                unreachable,
-            };
-            self.log.error(format_args!("{error}"));
-            state.failed = Some(error.clone());
-            return Err(error);
-        }
-        Ok(())
+        self.lock()
+            .operate(self.ring.rank(), self.timeout, &self.log, op, bytes, body)
     }
 
     /// [`Communicator::all_reduce`] with this crate's error.

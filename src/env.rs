@@ -36,6 +36,10 @@ pub(crate) const TIMEOUT: &str = "NUVEC_DISTRIBUTED_TIMEOUT";
 pub(crate) const KEY: &str = "NUVEC_DISTRIBUTED_KEY";
 /// The log level.
 pub(crate) const LOG: &str = "NUVEC_DISTRIBUTED_LOG";
+/// Which fabric carries JACCL: `rdma` (the default) or `tcp` (one connection per cable).
+pub(crate) const JACCL_FABRIC: &str = "NUVEC_JACCL_FABRIC";
+/// JACCL's frame rule: `small` (the default, macOS 26.2) or `large` (macOS 26.3 and later).
+pub(crate) const JACCL_FRAMES: &str = "NUVEC_JACCL_FRAMES";
 
 /// The shortest key accepted, in bytes.
 #[allow(
@@ -157,6 +161,51 @@ impl<'a> Env<'a> {
             rank,
             verbose,
         }))
+    }
+
+    /// MLX's JACCL configuration ([`crate::jaccl::Config::from_vars`]), `None` when its
+    /// variables are unset.
+    pub(crate) fn jaccl(&self) -> Result<Option<crate::jaccl::Config>, Error> {
+        crate::jaccl::Config::from_vars(|name| self.raw(name))
+    }
+
+    /// Whether JACCL's device file variable is set (a JACCL launch, not a ring one).
+    pub(crate) fn jaccl_launch(&self) -> bool {
+        self.present("JACCL_IBV_DEVICES") || self.present("MLX_IBV_DEVICES")
+    }
+
+    /// Whether the ring's hostfile variable is set.
+    pub(crate) fn ring_launch(&self) -> bool {
+        self.present(MLX_HOSTFILE)
+    }
+
+    /// Which fabric carries JACCL (`NUVEC_JACCL_FABRIC`: `rdma`, the default, or `tcp`) and
+    /// which frame rule its ranks use (`NUVEC_JACCL_FRAMES`: `small`, the default as on macOS
+    /// 26.2, or `large` as on macOS 26.3 and later).
+    pub(crate) fn jaccl_transport(
+        &self,
+    ) -> Result<(crate::backend::JacclFabric, crate::jaccl::FrameRule), Error> {
+        use crate::backend::JacclFabric;
+        use crate::jaccl::FrameRule;
+        let fabric = match self.text(JACCL_FABRIC)?.as_deref() {
+            None | Some("rdma") => JacclFabric::Rdma,
+            Some("tcp") => JacclFabric::Tcp,
+            Some(other) => {
+                return Err(Error::Config(format!(
+                    "{JACCL_FABRIC}={other:?} is not a fabric; expected rdma or tcp"
+                )));
+            }
+        };
+        let rule = match self.text(JACCL_FRAMES)?.as_deref() {
+            None | Some("small") => FrameRule::Small,
+            Some("large") => FrameRule::Large,
+            Some(other) => {
+                return Err(Error::Config(format!(
+                    "{JACCL_FRAMES}={other:?} is not a frame rule; expected small (macOS 26.2) or large (macOS 26.3 and later)"
+                )));
+            }
+        };
+        Ok((fabric, rule))
     }
 
     /// The per-operation timeout from `NUVEC_DISTRIBUTED_TIMEOUT` (seconds), `None` if unset.

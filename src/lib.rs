@@ -66,7 +66,7 @@ pub mod stream;
 mod sync;
 pub mod tcp;
 
-pub use backend::{Backend, RingGroup, connect_ring, is_available};
+pub use backend::{Backend, JacclFabric, RingGroup, connect_jaccl, connect_ring, is_available};
 pub use comm::RingCommunicator;
 pub use error::Error;
 pub use options::Options;

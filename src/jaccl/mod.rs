@@ -33,6 +33,8 @@
 //! - [`side_channel`]: MLX's TCP side channel byte for byte (the rank hello, the
 //!   star all-gather, the typed all-gathers, the barrier, the 32-byte [`Destination`] records and
 //!   the mesh and ring exchanges in MLX's order), with every wait bounded.
+//! - `rdma` (cargo feature `jaccl` only): the RDMA fabric over MLX's UC queue pairs, with
+//!   `devices()` and `available()`; its docs say what is verified (not the hardware path yet).
 //!
 //! Both build without the `jaccl` cargo feature, which will gate only the real RDMA fabric.
 //!
@@ -60,8 +62,21 @@
 //! - **The group**: a `Communicator` over the chosen topology, `init` and
 //!   `is_available` wiring, an emulated fabric to test the algorithms without hardware.
 
+pub mod comm;
 pub mod config;
+pub mod frames;
+pub mod mesh;
+#[cfg(feature = "jaccl")]
+pub mod rdma;
+pub mod ring;
 pub mod side_channel;
+pub mod tcp;
+mod wire;
 
+pub use comm::{JacclCommunicator, Layout};
 pub use config::{Config, MESH_MAX_PEERS, RING_MAX_CONNS, Topology, parse_devices};
+pub use frames::FrameRule;
+#[cfg(feature = "jaccl")]
+pub use rdma::devices;
 pub use side_channel::{Destination, RingDestinations, SideChannel};
+pub use wire::Scratch;

@@ -297,6 +297,15 @@ impl SideChannel {
         self.timeout
     }
 
+    /// This host's address on the side channel's connections (the interface that reaches
+    /// the other ranks), or `None` in a group of one.
+    pub fn local_ip(&self) -> Option<std::net::IpAddr> {
+        self.streams
+            .first()
+            .and_then(|s| s.local_addr().ok())
+            .map(|a| a.ip())
+    }
+
     /// All-gathers `mine` (the same length on every rank): every rank's bytes, in rank order.
     ///
     /// # Errors

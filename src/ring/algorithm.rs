@@ -47,7 +47,7 @@ fn channels(ring: &RingTopology, part: &Part) -> (Channel, Channel) {
 ///
 /// # Panics
 /// If two non-empty ranges overlap or a range is out of bounds: the schedules never do that.
-fn carve<'a>(buf: &'a mut [u8], ranges: &[Range<usize>]) -> SmallVec<[&'a mut [u8]; 8]> {
+pub(crate) fn carve<'a>(buf: &'a mut [u8], ranges: &[Range<usize>]) -> SmallVec<[&'a mut [u8]; 8]> {
     let mut order: SmallVec<[usize; 8]> = (0..ranges.len()).collect();
     order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
     let mut slots: SmallVec<[Option<&'a mut [u8]>; 8]> = (0..ranges.len()).map(|_| None).collect();

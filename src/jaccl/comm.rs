@@ -1,0 +1,358 @@
+//! JACCL as a `nuvec_core` [`Communicator`]: the mesh or ring algorithms over any message
+//! fabric (RDMA queue pairs, the simulator's UC channels) or stream fabric (TCP, one
+//! connection per cable), with the same guarantees as the ring's communicator: arguments
+//! checked before any byte moves, one deadline per operation, sequence numbers, a sticky
+//! failure.
+//!
+//! MLX's JACCL has no deadline at all: a rank whose peer died spins forever (MLX issues #3910
+//! and #4278). Here every operation fails by its deadline with an error naming the peer it was
+//! waiting for, and the group stays failed: UC messages carry no headers, so after an
+//! operation breaks off in the middle nothing could say which message belongs to which
+//! operation.
+
+use std::sync::PoisonError;
+use std::time::Duration;
+
+use nuvec_core::DType;
+use nuvec_core::distributed::{AllReduce, Communicator};
+
+use super::frames::FrameRule;
+use super::mesh::{self, MeshTopology};
+use super::ring;
+use super::wire::Scratch;
+use crate::comm::State;
+use crate::error::Error;
+use crate::fabric::Fabric;
+use crate::log::Log;
+use crate::reduce::{Reducer, Reduction};
+use crate::ring::RingTopology;
+use crate::sync::{Mutex, MutexGuard};
+
+/// How the ranks of a JACCL group are cabled, with this rank's place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// A full mesh: one queue pair (channel link 0) to every peer.
+    Mesh(MeshTopology),
+    /// A ring: C queue pairs to each neighbour, numbered as the TCP ring's connections.
+    Ring(RingTopology),
+}
+
+impl Layout {
+    fn rank(&self) -> usize {
+        match self {
+            Layout::Mesh(m) => m.rank(),
+            Layout::Ring(r) => r.rank(),
+        }
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            Layout::Mesh(m) => m.size(),
+            Layout::Ring(r) => r.size(),
+        }
+    }
+}
+
+/// MLX's JACCL algorithms over a fabric, as a `nuvec_core` communicator; wrap it in
+/// `nuvec_core::distributed::Group::new(Arc::new(..))`.
+pub struct JacclCommunicator<F: Fabric> {
+    layout: Layout,
+    rule: FrameRule,
+    timeout: Duration,
+    log: Log,
+    state: Mutex<State<F, Scratch>>,
+}
+
+impl<F: Fabric> std::fmt::Debug for JacclCommunicator<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "JacclCommunicator({:?}, {:?} frames)",
+            self.layout, self.rule
+        )
+    }
+}
+
+impl<F: Fabric> JacclCommunicator<F> {
+    /// The mesh over `fabric`, which must have a channel (link 0) to every peer.
+    ///
+    /// # Panics
+    /// If a peer has no channel.
+    pub fn mesh(fabric: F, rule: FrameRule, timeout: Duration) -> Self {
+        let mesh = MeshTopology::new(fabric.rank(), fabric.size(), rule);
+        for p in mesh.peers() {
+            assert!(fabric.links(p) >= 1, "jaccl mesh: no channel to rank {p}");
+        }
+        Self::with(fabric, Layout::Mesh(mesh), rule, timeout)
+    }
+
+    /// The ring over `fabric`, whose channels must be numbered as
+    /// [`Wiring::ring`](crate::fabric::Wiring::ring) with `wires` links per neighbour.
+    ///
+    /// # Panics
+    /// If the fabric does not have `wires` links to each neighbour.
+    pub fn ring(fabric: F, wires: usize, rule: FrameRule, timeout: Duration) -> Self {
+        let ring = RingTopology::new(fabric.rank(), fabric.size(), wires);
+        if ring.size() > 1 {
+            let expected = if ring.size() == 2 { 2 * wires } else { wires };
+            assert_eq!(
+                fabric.links(ring.right()),
+                expected,
+                "jaccl ring: right links"
+            );
+            assert_eq!(
+                fabric.links(ring.left()),
+                expected,
+                "jaccl ring: left links"
+            );
+        }
+        Self::with(fabric, Layout::Ring(ring), rule, timeout)
+    }
+
+    fn with(fabric: F, layout: Layout, rule: FrameRule, timeout: Duration) -> Self {
+        Self {
+            layout,
+            rule,
+            timeout,
+            log: Log::off(),
+            state: Mutex::new(State::new(fabric, Scratch::default())),
+        }
+    }
+
+    /// Prints failures to `log`.
+    pub(crate) fn with_log(mut self, log: Log) -> Self {
+        self.log = log;
+        self
+    }
+
+    /// The topology and this rank's place in it.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The frame rule every rank of the job uses.
+    pub fn rule(&self) -> FrameRule {
+        self.rule
+    }
+
+    /// The deadline of every operation.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The first failure of this group, if it has failed.
+    pub fn failure(&self) -> Option<Error> {
+        self.lock().failed.clone()
+    }
+
+    /// Which peers are unreachable, as far as the fabric can tell without sending anything.
+    pub fn health(&self) -> Vec<(usize, String)> {
+        match self.lock().fabric.as_mut() {
+            Some(fabric) => fabric.probe(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Releases the fabric; later calls fail with [`Error::Closed`].
+    pub fn close(&self) -> Option<F> {
+        self.lock().fabric.take()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<F, Scratch>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn invalid(&self, op: &'static str, what: String) -> Error {
+        Error::InvalidArgument {
+            rank: self.layout.rank(),
+            op,
+            what,
+        }
+    }
+
+    fn operate(
+        &self,
+        op: &'static str,
+        bytes: usize,
+        body: impl FnOnce(&mut F, &mut Scratch, Duration) -> Result<(), crate::fabric::FabricError>,
+    ) -> Result<(), Error> {
+        self.lock()
+            .operate(self.layout.rank(), self.timeout, &self.log, op, bytes, body)
+    }
+
+    fn reducer(
+        &self,
+        name: &'static str,
+        op: Reduction,
+        dtype: DType,
+        len: usize,
+    ) -> Result<Reducer, Error> {
+        let reducer = Reducer::jaccl(op, dtype).map_err(|e| self.invalid(name, e.to_string()))?;
+        if !len.is_multiple_of(reducer.element_size()) {
+            return Err(self.invalid(
+                name,
+                format!("{len} bytes is not a whole number of {dtype} elements"),
+            ));
+        }
+        Ok(reducer)
+    }
+
+    /// [`Communicator::all_reduce`] with this crate's error.
+    pub fn try_all_reduce(
+        &self,
+        op: Reduction,
+        dtype: DType,
+        data: &mut [u8],
+    ) -> Result<(), Error> {
+        let name = match op {
+            Reduction::Sum => "all_sum",
+            Reduction::Max => "all_max",
+            Reduction::Min => "all_min",
+        };
+        let reducer = self.reducer(name, op, dtype, data.len())?;
+        let rule = self.rule;
+        self.operate(name, data.len(), |fabric, scratch, deadline| {
+            match &self.layout {
+                Layout::Mesh(m) => mesh::all_reduce(fabric, m, reducer, data, scratch, deadline),
+                Layout::Ring(r) => {
+                    ring::all_reduce(fabric, r, rule, reducer, data, scratch, deadline)
+                }
+            }
+        })
+    }
+
+    /// [`Communicator::all_gather`] with this crate's error.
+    pub fn try_all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+        let size = self.layout.size();
+        if output.len() != input.len() * size {
+            return Err(self.invalid(
+                "all_gather",
+                format!(
+                    "the output has {} bytes, not {} × {size} ranks",
+                    output.len(),
+                    input.len()
+                ),
+            ));
+        }
+        let rule = self.rule;
+        self.operate(
+            "all_gather",
+            input.len(),
+            |fabric, scratch, deadline| match &self.layout {
+                Layout::Mesh(m) => mesh::all_gather(fabric, m, input, output, scratch, deadline),
+                Layout::Ring(r) => {
+                    ring::all_gather(fabric, r, rule, input, output, scratch, deadline)
+                }
+            },
+        )
+    }
+
+    /// MLX's `sum_scatter` (with any reduction; mesh only): `input` holds R shards of
+    /// `output.len()` bytes, and rank r's `output` becomes the reduction of shard r over every
+    /// rank, folded in rank order.
+    pub fn try_sum_scatter(
+        &self,
+        op: Reduction,
+        dtype: DType,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), Error> {
+        let name = "sum_scatter";
+        let reducer = self.reducer(name, op, dtype, output.len())?;
+        let size = self.layout.size();
+        if input.len() != output.len() * size {
+            return Err(self.invalid(
+                name,
+                format!(
+                    "the input has {} bytes, not {} × {size} ranks",
+                    input.len(),
+                    output.len()
+                ),
+            ));
+        }
+        let Layout::Mesh(m) = self.layout else {
+            return Err(self.invalid(
+                name,
+                "sum_scatter is implemented for the JACCL mesh only, not the ring".into(),
+            ));
+        };
+        self.operate(name, output.len(), |fabric, scratch, deadline| {
+            mesh::sum_scatter(fabric, &m, reducer, input, output, scratch, deadline)
+        })
+    }
+
+    fn check_peer(&self, op: &'static str, peer: usize, receive: bool) -> Result<(), Error> {
+        let (rank, size) = (self.layout.rank(), self.layout.size());
+        let ok = match &self.layout {
+            Layout::Mesh(_) => peer < size && peer != rank,
+            Layout::Ring(r) => ring::side(r, peer, receive).is_some(),
+        };
+        if ok {
+            return Ok(());
+        }
+        let what = match &self.layout {
+            Layout::Mesh(_) => format!(
+                "rank {peer} is not another rank of this mesh of {size} (ranks 0..{size}, not {rank})"
+            ),
+            Layout::Ring(r) => format!(
+                "rank {peer} is not a neighbour in a JACCL ring of {size}: it sends and receives between neighbours only (ranks {} and {}), as MLX's",
+                r.left(),
+                r.right()
+            ),
+        };
+        Err(self.invalid(op, what))
+    }
+
+    /// [`Communicator::send`] with this crate's error.
+    pub fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), Error> {
+        self.check_peer("send", dst, false)?;
+        let rule = self.rule;
+        self.operate(
+            "send",
+            data.len(),
+            |fabric, scratch, deadline| match &self.layout {
+                Layout::Mesh(m) => mesh::send(fabric, m, dst, data, scratch, deadline),
+                Layout::Ring(r) => ring::send(fabric, r, rule, dst, data, scratch, deadline),
+            },
+        )
+    }
+
+    /// [`Communicator::recv`] with this crate's error.
+    pub fn try_recv(&self, src: usize, data: &mut [u8]) -> Result<(), Error> {
+        self.check_peer("recv", src, true)?;
+        let rule = self.rule;
+        self.operate("recv", data.len(), |fabric, _, deadline| {
+            match &self.layout {
+                Layout::Mesh(m) => mesh::recv(fabric, m, src, data, deadline),
+                Layout::Ring(r) => ring::recv(fabric, r, rule, src, data, deadline),
+            }
+        })
+    }
+}
+
+impl<F: Fabric + Send> Communicator for JacclCommunicator<F> {
+    fn rank(&self) -> usize {
+        self.layout.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.layout.size()
+    }
+
+    fn all_reduce(&self, op: AllReduce, dtype: DType, data: &mut [u8]) -> nuvec_core::Result<()> {
+        let op = Reduction::try_from(op).map_err(|e| self.invalid("all_reduce", e.to_string()))?;
+        Ok(self.try_all_reduce(op, dtype, data)?)
+    }
+
+    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> nuvec_core::Result<()> {
+        Ok(self.try_all_gather(input, output)?)
+    }
+
+    fn send(&self, dst: usize, data: &[u8]) -> nuvec_core::Result<()> {
+        Ok(self.try_send(dst, data)?)
+    }
+
+    fn recv(&self, src: usize, data: &mut [u8]) -> nuvec_core::Result<()> {
+        Ok(self.try_recv(src, data)?)
+    }
+}

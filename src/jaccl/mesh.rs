@@ -1,0 +1,352 @@
+//! JACCL's mesh algorithms (MLX's `mesh_impl.h`, reference §3.6), written once over
+//! [`Fabric`]: every rank has one queue pair (one channel, link 0) to every other rank.
+//!
+//! - **all-reduce**: with 2 ranks, or at most 32 KiB, every rank sends its whole input to every
+//!   peer and folds the R inputs in rank order, `((x₀ ⊕ x₁) ⊕ x₂) …`, so every rank computes the
+//!   same bits. Above that, with more than 2 ranks, a reduce-scatter of R shards, an all-gather
+//!   of the shards, and a fold of the tail of fewer than R elements, each phase with its own
+//!   frame size.
+//! - **sum-scatter**: rank r gets shard r of the reduction. MLX reduces the shards in the order
+//!   they complete, so its float sums change from run to run; here every shard is folded in
+//!   rank order, which is one of MLX's possible results and the same on every run.
+//! - **all-gather** and **send/recv** to any peer.
+//!
+//! The messages on every queue pair are MLX's: the same count, each one frame long with the
+//! payload at the front. A whole operation is one fabric step; how many frames are in flight at
+//! once is the fabric's business (the RDMA fabric keeps MLX's two).
+
+use std::time::Duration;
+
+use super::frames::{FrameRule, MeshReduce};
+use super::wire::{Keep, Scratch, Sink, Step, push_recvs, push_sends, recv_sinks, stage_tail};
+use crate::fabric::{Channel, Fabric, FabricError};
+use crate::reduce::Reducer;
+
+/// This rank's place in a mesh, and the frame rule of the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MeshTopology {
+    rank: usize,
+    size: usize,
+    rule: FrameRule,
+}
+
+impl MeshTopology {
+    /// Rank `rank` of a mesh of `size` ranks.
+    ///
+    /// # Panics
+    /// If `rank >= size`.
+    pub fn new(rank: usize, size: usize, rule: FrameRule) -> Self {
+        assert!(rank < size, "mesh: rank {rank} of {size}");
+        Self { rank, size, rule }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The frame rule.
+    pub fn rule(&self) -> FrameRule {
+        self.rule
+    }
+
+    /// The channel (queue pair) to `peer`.
+    pub fn channel(&self, peer: usize) -> Channel {
+        Channel::new(peer, 0)
+    }
+
+    /// Every other rank, in rank order.
+    pub fn peers(&self) -> impl Iterator<Item = usize> + use<> {
+        let rank = self.rank;
+        (0..self.size).filter(move |&p| p != rank)
+    }
+}
+
+/// All-reduces `data` in place over the mesh, as MLX's mesh `all_sum`/`all_max`/`all_min`.
+pub fn all_reduce<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    mesh: &MeshTopology,
+    reducer: Reducer,
+    data: &mut [u8],
+    scratch: &mut Scratch,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    if mesh.size < 2 {
+        return Ok(());
+    }
+    let s = reducer.element_size();
+    match MeshReduce::choose(data.len() / s, s, mesh.size) {
+        MeshReduce::Fold => fold(fabric, mesh, reducer, data, scratch, deadline),
+        MeshReduce::ScatterGather { shard, .. } => {
+            let n = shard * s;
+            let (shards, tail) = data.split_at_mut(n * mesh.size);
+            if n > 0 {
+                scatter_fold(fabric, mesh, reducer, shards, n, scratch, deadline)?;
+                shards[mesh.rank * n..(mesh.rank + 1) * n].copy_from_slice(&scratch.acc);
+                gather_in_place(fabric, mesh, shards, n, scratch, deadline)?;
+            }
+            if !tail.is_empty() {
+                fold(fabric, mesh, reducer, tail, scratch, deadline)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Every rank sends `data` to every peer; every rank folds the R inputs in rank order.
+fn fold<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    mesh: &MeshTopology,
+    reducer: Reducer,
+    data: &mut [u8],
+    scratch: &mut Scratch,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let n = data.len();
+    let frame = mesh.rule.frame(n);
+    let count = n.div_ceil(frame);
+    let Scratch {
+        received,
+        acc,
+        staging,
+    } = scratch;
+    received.clear();
+    received.resize(n * mesh.size, 0);
+    {
+        let (mut tails, zeros) = staging.prepare(frame, 1);
+        if let Some(tail) = tails.first_mut() {
+            stage_tail(tail, data, frame);
+        }
+        let tail: &[u8] = tails.into_iter().next().map_or(&[], |t| &*t);
+        let mut sinks: Vec<(Channel, Sink<'_>)> = Vec::new();
+        for (p, block) in received.chunks_mut(n.max(1)).enumerate() {
+            if p != mesh.rank {
+                recv_sinks(&mut sinks, mesh.channel(p), block, frame, count, Keep::Copy);
+            }
+        }
+        let mut step: Step<'_> = Vec::with_capacity(2 * count * (mesh.size - 1));
+        for p in mesh.peers() {
+            push_sends(&mut step, mesh.channel(p), data, frame, count, tail, zeros);
+        }
+        push_recvs(&mut step, &mut sinks, frame, reducer.element_size());
+        fabric.run(&mut step, deadline)?;
+    }
+    // out = ((x₀ ⊕ x₁) ⊕ x₂) …, this rank's own input in its place.
+    acc.clear();
+    for r in 0..mesh.size {
+        let x: &[u8] = if r == mesh.rank {
+            data
+        } else {
+            &received[r * n..(r + 1) * n]
+        };
+        if r == 0 {
+            acc.extend_from_slice(x);
+        } else {
+            reducer.apply(acc, x);
+        }
+    }
+    data.copy_from_slice(acc);
+    Ok(())
+}
+
+/// Sends shard p of `shards` (R shards of `n` bytes) to every peer p and folds shard `rank` of
+/// every rank, in rank order, into `scratch.acc`.
+fn scatter_fold<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    mesh: &MeshTopology,
+    reducer: Reducer,
+    shards: &[u8],
+    n: usize,
+    scratch: &mut Scratch,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let frame = mesh.rule.frame(n);
+    let count = n.div_ceil(frame);
+    let Scratch {
+        received,
+        acc,
+        staging,
+    } = scratch;
+    if n == 0 {
+        acc.clear();
+        return Ok(());
+    }
+    received.clear();
+    received.resize(n * mesh.size, 0);
+    {
+        let (mut tails, zeros) = staging.prepare(frame, mesh.size);
+        for (p, tail) in tails.iter_mut().enumerate() {
+            stage_tail(tail, &shards[p * n..(p + 1) * n], frame);
+        }
+        let tails: Vec<&[u8]> = tails.into_iter().map(|t| &*t).collect();
+        let mut sinks: Vec<(Channel, Sink<'_>)> = Vec::new();
+        for (p, block) in received.chunks_mut(n).enumerate() {
+            if p != mesh.rank {
+                recv_sinks(&mut sinks, mesh.channel(p), block, frame, count, Keep::Copy);
+            }
+        }
+        let mut step: Step<'_> = Vec::with_capacity(2 * count * (mesh.size - 1));
+        for p in mesh.peers() {
+            let shard = &shards[p * n..(p + 1) * n];
+            let tail = tails.get(p).copied().unwrap_or_default();
+            push_sends(&mut step, mesh.channel(p), shard, frame, count, tail, zeros);
+        }
+        push_recvs(&mut step, &mut sinks, frame, reducer.element_size());
+        fabric.run(&mut step, deadline)?;
+    }
+    let me = mesh.rank;
+    acc.clear();
+    for r in 0..mesh.size {
+        let x: &[u8] = if r == me {
+            &shards[me * n..(me + 1) * n]
+        } else {
+            &received[r * n..(r + 1) * n]
+        };
+        if r == 0 {
+            acc.extend_from_slice(x);
+        } else {
+            reducer.apply(acc, x);
+        }
+    }
+    Ok(())
+}
+
+/// MLX's `sum_scatter` (with any reduction): `input` holds R shards of `output.len()` bytes;
+/// rank r's `output` becomes the reduction of shard r over every rank, folded in rank order.
+///
+/// # Panics
+/// If `input.len() != output.len() * R` (the communicator checks it first).
+pub fn sum_scatter<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    mesh: &MeshTopology,
+    reducer: Reducer,
+    input: &[u8],
+    output: &mut [u8],
+    scratch: &mut Scratch,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let n = output.len();
+    assert_eq!(input.len(), n * mesh.size, "sum_scatter: input size");
+    if mesh.size < 2 {
+        output.copy_from_slice(input);
+        return Ok(());
+    }
+    scatter_fold(fabric, mesh, reducer, input, n, scratch, deadline)?;
+    output.copy_from_slice(&scratch.acc);
+    Ok(())
+}
+
+/// Gathers block `rank` of `blocks` (R blocks of `n` bytes) into every rank's `blocks`.
+fn gather_in_place<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    mesh: &MeshTopology,
+    blocks: &mut [u8],
+    n: usize,
+    scratch: &mut Scratch,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let frame = mesh.rule.frame(n);
+    let count = n.div_ceil(frame);
+    let (mut tails, zeros) = scratch.staging.prepare(frame, 1);
+    let mut mine: &[u8] = &[];
+    let mut sinks: Vec<(Channel, Sink<'_>)> = Vec::new();
+    for (p, block) in blocks.chunks_mut(n).enumerate() {
+        if p == mesh.rank {
+            if let Some(tail) = tails.first_mut() {
+                stage_tail(tail, block, frame);
+            }
+            mine = block;
+        } else {
+            recv_sinks(&mut sinks, mesh.channel(p), block, frame, count, Keep::Copy);
+        }
+    }
+    let tail: &[u8] = tails.into_iter().next().map_or(&[], |t| &*t);
+    let mut step: Step<'_> = Vec::with_capacity(2 * count * (mesh.size - 1));
+    for p in mesh.peers() {
+        push_sends(&mut step, mesh.channel(p), mine, frame, count, tail, zeros);
+    }
+    push_recvs(&mut step, &mut sinks, frame, 1);
+    fabric.run(&mut step, deadline)
+}
+
+/// Gathers every rank's `input` into `output` (`input.len() × R` bytes, rank order), as MLX's
+/// mesh `all_gather`.
+///
+/// # Panics
+/// If `output.len() != input.len() * R` (the communicator checks it first).
+pub fn all_gather<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    mesh: &MeshTopology,
+    input: &[u8],
+    output: &mut [u8],
+    scratch: &mut Scratch,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let n = input.len();
+    assert_eq!(output.len(), n * mesh.size, "all_gather: output size");
+    output[mesh.rank * n..(mesh.rank + 1) * n].copy_from_slice(input);
+    gather_in_place(fabric, mesh, output, n, scratch, deadline)
+}
+
+/// Sends `data` to any peer `dst`: `⌈n/F⌉` frames on its queue pair.
+pub fn send<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    mesh: &MeshTopology,
+    dst: usize,
+    data: &[u8],
+    scratch: &mut Scratch,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let n = data.len();
+    let frame = mesh.rule.frame(n);
+    let count = n.div_ceil(frame);
+    let (mut tails, zeros) = scratch.staging.prepare(frame, 1);
+    if let Some(tail) = tails.first_mut() {
+        stage_tail(tail, data, frame);
+    }
+    let tail: &[u8] = tails.into_iter().next().map_or(&[], |t| &*t);
+    let mut step: Step<'_> = Vec::with_capacity(count);
+    push_sends(
+        &mut step,
+        mesh.channel(dst),
+        data,
+        frame,
+        count,
+        tail,
+        zeros,
+    );
+    fabric.run(&mut step, deadline)
+}
+
+/// Receives `data.len()` bytes from any peer `src`.
+pub fn recv<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    mesh: &MeshTopology,
+    src: usize,
+    data: &mut [u8],
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let n = data.len();
+    let frame = mesh.rule.frame(n);
+    let count = n.div_ceil(frame);
+    let mut sinks: Vec<(Channel, Sink<'_>)> = Vec::with_capacity(count);
+    recv_sinks(
+        &mut sinks,
+        mesh.channel(src),
+        data,
+        frame,
+        count,
+        Keep::Copy,
+    );
+    let mut step: Step<'_> = Vec::with_capacity(count);
+    push_recvs(&mut step, &mut sinks, frame, 1);
+    fabric.run(&mut step, deadline)
+}

@@ -1,0 +1,223 @@
+//! JACCL over TCP: the JACCL topology and algorithms on TCP connections, one per cable, so
+//! that JACCL's code runs on a real network without RDMA hardware (in CI, or to try a job
+//! across machines before cabling them). Selected with `NUVEC_JACCL_FABRIC=tcp`.
+//!
+//! The job is set up exactly as JACCL's: the same [`Config`] (device file, rank, coordinator),
+//! the same side channel. Where JACCL exchanges queue-pair [`Destination`](super::Destination)s
+//! over the side channel, each rank here listens on an ephemeral TCP port and all-gathers its
+//! address (18 bytes: an IPv6 or IPv4-mapped address and a port). Then every cable becomes a
+//! connection: in a mesh, rank i connects to every rank j > i; in a ring, every rank connects
+//! its C wires to its right neighbour. A connection opens with a 12-byte hello (`b"NJT1"`, the
+//! opener's rank and the cable, little-endian `u32`s), so the acceptor knows which channel it
+//! is. The channels are numbered as [`Wiring`](crate::fabric::Wiring) numbers them, so the
+//! mesh's channel to `p` is link 0 and the ring's `right_[w]`/`left_[w]` are
+//! [`RingTopology::channel`](crate::ring::RingTopology::channel)'s.
+//!
+//! This is not wire-compatible with anything of MLX's (MLX's JACCL speaks only RDMA): it exists
+//! to exercise the algorithms, the side channel and the failure handling across processes.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+
+use super::config::{Config, Topology};
+use super::side_channel::SideChannel;
+use crate::error::Error;
+use crate::tcp::TcpFabric;
+
+/// The first bytes of every connection.
+const MAGIC: &[u8; 4] = b"NJT1";
+/// The hello: magic, opener's rank, cable.
+const HELLO: usize = 12;
+/// One rank's address in the all-gather.
+const ADDRESS: usize = 18;
+
+/// Cables as `(peer, cable index)`.
+type Cables = Vec<(usize, usize)>;
+
+/// Connects this rank's cables as TCP connections, rendezvousing over `side`, within
+/// `timeout`; returns the fabric and the topology it carries.
+pub fn connect(
+    config: &Config,
+    side: &mut SideChannel,
+    timeout: Duration,
+) -> Result<(TcpFabric, Topology), Error> {
+    let (rank, size) = (config.rank(), config.size());
+    let topology = config.topology()?;
+    let deadline = Instant::now() + timeout;
+    let fail = |what: String| Error::Connect {
+        rank,
+        what: format!("jaccl over tcp: {what}"),
+    };
+    let ip = side
+        .local_ip()
+        .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let mut listener = TcpListener::bind(SocketAddr::new(ip, 0))
+        .map_err(|e| fail(format!("cannot listen on {ip}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| fail(format!("no listening address: {e}")))?;
+    let gathered = side.all_gather(&encode(local))?;
+    let address = |r: usize| decode(&gathered[r * ADDRESS..(r + 1) * ADDRESS]);
+
+    // Which cables this rank opens (peer, cable) and how many it accepts per peer.
+    let wires = match topology {
+        Topology::Mesh => 1,
+        Topology::Ring { wires } => wires,
+    };
+    let right = (rank + 1) % size;
+    let left = (rank + size - 1) % size;
+    let (opens, accepts): (Cables, Cables) = match topology {
+        Topology::Mesh => (
+            (rank + 1..size).map(|j| (j, 0)).collect(),
+            (0..rank).map(|i| (i, 0)).collect(),
+        ),
+        Topology::Ring { .. } if size < 2 => (Vec::new(), Vec::new()),
+        Topology::Ring { .. } => (
+            (0..wires).map(|w| (right, w)).collect(),
+            (0..wires).map(|w| (left, w)).collect(),
+        ),
+    };
+
+    let mut opened: Vec<TcpStream> = Vec::with_capacity(opens.len());
+    for &(peer, cable) in &opens {
+        let to = address(peer);
+        let left_over = deadline.saturating_duration_since(Instant::now());
+        let mut stream = TcpStream::connect_timeout(&to, left_over.max(Duration::from_millis(1)))
+            .map_err(|e| {
+            fail(format!(
+                "cannot connect cable {cable} to rank {peer} at {to}: {e}"
+            ))
+        })?;
+        let mut hello = [0u8; HELLO];
+        hello[..4].copy_from_slice(MAGIC);
+        hello[4..8].copy_from_slice(&(rank as u32).to_le_bytes());
+        hello[8..].copy_from_slice(&(cable as u32).to_le_bytes());
+        stream
+            .set_write_timeout(Some(left_over.max(Duration::from_millis(1))))
+            .and_then(|()| stream.write_all(&hello))
+            .map_err(|e| fail(format!("cannot greet rank {peer} on cable {cable}: {e}")))?;
+        opened.push(stream);
+    }
+    let mut accepted =
+        accept_cables(&mut listener, &accepts, size, deadline, timeout).map_err(fail)?;
+
+    let mut by_peer: Vec<Vec<TcpStream>> = (0..size).map(|_| Vec::new()).collect();
+    // Opened connections first, then accepted ones, each in cable order (the Wiring rule).
+    for (stream, &(peer, _)) in opened.into_iter().zip(&opens) {
+        by_peer[peer].push(stream);
+    }
+    accepted.sort_by_key(|(peer, cable, _)| (*peer, *cable));
+    for (peer, _, stream) in accepted {
+        by_peer[peer].push(stream);
+    }
+    let fabric = TcpFabric::from_streams(rank, by_peer)
+        .map_err(|e| fail(format!("cannot poll the connections: {e}")))?;
+    Ok((fabric, topology))
+}
+
+fn encode(addr: SocketAddr) -> [u8; ADDRESS] {
+    let mut out = [0u8; ADDRESS];
+    let ip = match addr.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    out[..16].copy_from_slice(&ip.octets());
+    out[16..].copy_from_slice(&addr.port().to_le_bytes());
+    out
+}
+
+fn decode(bytes: &[u8]) -> SocketAddr {
+    let mut octets = [0u8; 16];
+    octets.copy_from_slice(&bytes[..16]);
+    let v6 = Ipv6Addr::from(octets);
+    let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+    SocketAddr::new(ip, u16::from_le_bytes([bytes[16], bytes[17]]))
+}
+
+/// Accepts the cables in `expected` (peer, cable), reading each one's hello; connections with
+/// a wrong hello are dropped.
+fn accept_cables(
+    listener: &mut TcpListener,
+    expected: &[(usize, usize)],
+    size: usize,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<(usize, usize, TcpStream)>, String> {
+    const LISTENER: Token = Token(0);
+    let mut poll = Poll::new().map_err(|e| format!("cannot poll: {e}"))?;
+    let mut events = Events::with_capacity(16);
+    poll.registry()
+        .register(listener, LISTENER, Interest::READABLE)
+        .map_err(|e| format!("cannot poll the listener: {e}"))?;
+    let mut got: Vec<(usize, usize, TcpStream)> = Vec::new();
+    while got.len() < expected.len() {
+        let now = Instant::now();
+        if now >= deadline {
+            let missing: Vec<String> = expected
+                .iter()
+                .filter(|(p, c)| !got.iter().any(|(gp, gc, _)| (gp, gc) == (p, c)))
+                .map(|(p, c)| format!("rank {p} cable {c}"))
+                .collect();
+            return Err(format!(
+                "timed out after {timeout:?} waiting for {}",
+                missing.join(", ")
+            ));
+        }
+        poll.poll(&mut events, Some(deadline - now))
+            .map_err(|e| format!("polling the listener: {e}"))?;
+        loop {
+            let (stream, from) = match listener.accept() {
+                Ok(pair) => pair,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
+                Err(e) => return Err(format!("accepting: {e}")),
+            };
+            // The hello follows the connection at once; read it with the time left.
+            let mut stream: TcpStream = stream.into();
+            let left_over = deadline.saturating_duration_since(Instant::now());
+            let mut hello = [0u8; HELLO];
+            let read = stream
+                .set_nonblocking(false)
+                .and_then(|()| {
+                    stream.set_read_timeout(Some(left_over.max(Duration::from_millis(1))))
+                })
+                .and_then(|()| stream.read_exact(&mut hello));
+            if read.is_err() || &hello[..4] != MAGIC {
+                // Not one of ours (or it gave up): ignore it.
+                continue;
+            }
+            let peer = u32::from_le_bytes([hello[4], hello[5], hello[6], hello[7]]) as usize;
+            let cable = u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]) as usize;
+            if peer >= size || !expected.contains(&(peer, cable)) {
+                return Err(format!(
+                    "a connection from {from} says it is rank {peer} cable {cable}, which this rank does not expect"
+                ));
+            }
+            if got.iter().any(|(p, c, _)| (*p, *c) == (peer, cable)) {
+                return Err(format!(
+                    "rank {peer} cable {cable} connected twice (the second from {from})"
+                ));
+            }
+            got.push((peer, cable, stream));
+        }
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_survive_the_gather_encoding() {
+        for a in ["127.0.0.1:5000", "[::1]:65535", "10.1.2.3:0"] {
+            let addr: SocketAddr = a.parse().unwrap();
+            assert_eq!(decode(&encode(addr)), addr);
+        }
+    }
+}

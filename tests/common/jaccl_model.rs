@@ -1,0 +1,252 @@
+//! An independent model of MLX's JACCL collectives (reference `mlx-distributed.md` §3.5–3.8):
+//! the value every element ends with, and the exact sequence of message lengths on every
+//! queue pair, written again from the protocol description (nothing from
+//! `nuvec_distributed::jaccl` or `nuvec_distributed::reduce`).
+//!
+//! Queue pairs are named as `nuvec_distributed::fabric::Wiring` names them: in a mesh, rank r's
+//! queue pair to p is `Channel { peer: p, link: 0 }`; in a ring, `right_[w]` is
+//! `Channel { peer: r+1, link: w }` and `left_[w]` is `Channel { peer: r−1, link: w + (C if
+//! R == 2 else 0) }`. Message lists are keyed by `(sender rank, sender's channel)`.
+
+#![allow(unreachable_pub, dead_code)]
+
+use std::collections::BTreeMap;
+
+use nuvec_core::DType;
+use nuvec_distributed::fabric::Channel;
+use nuvec_distributed::reduce::Reduction;
+
+use crate::mlx_model::{Lane, combine_element, left, right};
+
+/// Message lengths per `(sender, channel)`, in order.
+pub type Messages = BTreeMap<(usize, Channel), Vec<usize>>;
+
+/// MLX's `buffer_size_from_message`: 4 KiB, or with large frames (macOS ≥ 26.3) the largest
+/// `4096 · 2^k`, k in 7..1, not above the message.
+pub fn frame(large: bool, message: usize) -> usize {
+    if large {
+        for k in (1..8).rev() {
+            if message >= 4096 << k {
+                return 4096 << k;
+            }
+        }
+    }
+    4096
+}
+
+/// MLX's `ceildiv`, as written there.
+#[allow(clippy::manual_div_ceil)]
+fn ceildiv(a: usize, b: usize) -> usize {
+    (a + b - 1) / b
+}
+
+/// JACCL's element op, `out = local ⊕ received`: the sum as MLX's `SumOp`; max is
+/// `(local > received) ? local : received` and min `(local < received) ? local : received`,
+/// which is `std::max`/`std::min` (the ring's, [`combine_element`]) with the operands in the
+/// other order: `std::max(received, local)` keeps `local` exactly when `received < local`.
+pub fn combine(lane: Lane, op: Reduction, local: &[u8], received: &[u8], out: &mut [u8]) {
+    match op {
+        Reduction::Sum => combine_element(lane, op, local, received, out),
+        _ => combine_element(lane, op, received, local, out),
+    }
+}
+
+fn apply(lane: Lane, op: Reduction, local: &mut [u8], received: &[u8]) {
+    let s = lane.size();
+    let mut tmp = [0u8; 8];
+    for (l, r) in local.chunks_exact_mut(s).zip(received.chunks_exact(s)) {
+        combine(lane, op, l, r, &mut tmp);
+        l.copy_from_slice(&tmp[..s]);
+    }
+}
+
+/// The mesh all-reduce: every element is `((x₀ ⊕ x₁) ⊕ x₂) …` (the fold path, and the shards
+/// and tail of the scatter-gather path all fold in rank order).
+pub fn mesh_fold(dtype: DType, op: Reduction, inputs: &[Vec<u8>]) -> Vec<u8> {
+    let lane = Lane::of(dtype);
+    let mut acc = inputs[0].clone();
+    for x in &inputs[1..] {
+        apply(lane, op, &mut acc, x);
+    }
+    acc
+}
+
+/// The ring all-reduce plan: (directions, wires, chunk, spw, frame, messages per step).
+pub fn ring_plan(
+    large: bool,
+    e: usize,
+    s: usize,
+    r: usize,
+    c: usize,
+) -> (usize, usize, usize, usize, usize, usize) {
+    let small = e * s <= 32768 || e < 2 * r * c;
+    let (dirs, wires) = if small { (1, 1) } else { (2, c) };
+    let chunk = ceildiv(e, r);
+    let spw = ceildiv(chunk, dirs * wires);
+    let f = frame(large, spw * s);
+    let n_steps = ceildiv(spw, f / s);
+    (dirs, wires, chunk, spw, f, n_steps)
+}
+
+/// The ring all-reduce's value: an element of chunk j in direction 0's region starts at rank
+/// j and is reduced by ranks j+1, j+2, … as `mine ⊕ partial`; in direction 1's region by
+/// j−1, j−2, ….
+pub fn ring_fold(
+    large: bool,
+    dtype: DType,
+    op: Reduction,
+    conns: usize,
+    inputs: &[Vec<u8>],
+) -> Vec<u8> {
+    let lane = Lane::of(dtype);
+    let s = lane.size();
+    let r = inputs.len();
+    let e = inputs[0].len() / s;
+    let (_, wires, chunk, spw, _, _) = ring_plan(large, e, s, r, conns);
+    let mut out = vec![0u8; e * s];
+    let mut tmp = [0u8; 8];
+    for i in 0..e {
+        let j = i / chunk;
+        let lr = (i % chunk) / (wires * spw);
+        let el = |rank: usize| &inputs[rank][i * s..(i + 1) * s];
+        let mut acc = el(j).to_vec();
+        for t in 1..r {
+            let rank = if lr == 0 {
+                (j + t) % r
+            } else {
+                (j + r * t - t) % r
+            };
+            combine(lane, op, el(rank), &acc, &mut tmp);
+            acc.copy_from_slice(&tmp[..s]);
+        }
+        out[i * s..(i + 1) * s].copy_from_slice(&acc);
+    }
+    out
+}
+
+fn push(m: &mut Messages, sender: usize, channel: Channel, count: usize, len: usize) {
+    if count == 0 {
+        return;
+    }
+    m.entry((sender, channel))
+        .or_default()
+        .extend(std::iter::repeat_n(len, count));
+}
+
+/// Appends the messages of a mesh all-reduce of `e` elements of `s` bytes.
+pub fn mesh_reduce_messages(m: &mut Messages, large: bool, r: usize, e: usize, s: usize) {
+    let mut phase = |bytes: usize, times: usize| {
+        let f = frame(large, bytes);
+        for a in 0..r {
+            for b in (0..r).filter(|&b| b != a) {
+                for _ in 0..times {
+                    push(m, a, Channel::new(b, 0), ceildiv(bytes, f), f);
+                }
+            }
+        }
+    };
+    if r == 2 || e * s <= 32768 {
+        phase(e * s, 1);
+    } else {
+        let shard = e / r;
+        if shard > 0 {
+            // The sum-scatter and the all-gather of the shards.
+            phase(shard * s, 2);
+        }
+        let tail = e - shard * r;
+        if tail > 0 {
+            phase(tail * s, 1);
+        }
+    }
+}
+
+/// Appends the messages of a mesh all-gather of `n` bytes per rank (and of a mesh
+/// sum-scatter of `n`-byte shards).
+pub fn mesh_gather_messages(m: &mut Messages, large: bool, r: usize, n: usize) {
+    let f = frame(large, n);
+    for a in 0..r {
+        for b in (0..r).filter(|&b| b != a) {
+            push(m, a, Channel::new(b, 0), ceildiv(n, f), f);
+        }
+    }
+}
+
+/// Appends the messages of a ring all-reduce: per step and per used (direction, wire), the
+/// plan's message count, 2(R−1) steps.
+pub fn ring_reduce_messages(m: &mut Messages, large: bool, r: usize, c: usize, e: usize, s: usize) {
+    let (dirs, wires, _, _, f, n_steps) = ring_plan(large, e, s, r, c);
+    for rank in 0..r {
+        for lr in 0..dirs {
+            for w in 0..wires {
+                let ch = if lr == 0 {
+                    right(rank, r, w)
+                } else {
+                    left(rank, r, c, w)
+                };
+                push(m, rank, ch, 2 * (r - 1) * n_steps, f);
+            }
+        }
+    }
+}
+
+/// Appends the messages of a ring all-gather of `n` bytes per rank (PR #4443's layout).
+pub fn ring_gather_messages(m: &mut Messages, large: bool, r: usize, c: usize, n: usize) {
+    if n == 0 {
+        return;
+    }
+    let per_wire = ceildiv(n, 2 * c);
+    let f = frame(large, per_wire);
+    for rank in 0..r {
+        for lr in 0..2 {
+            for w in 0..c {
+                let ch = if lr == 0 {
+                    right(rank, r, w)
+                } else {
+                    left(rank, r, c, w)
+                };
+                push(m, rank, ch, (r - 1) * ceildiv(per_wire, f), f);
+            }
+        }
+    }
+}
+
+/// The ring all-gather's pieces: the bytes of each block that direction `lr`, wire `w` carry.
+pub fn ring_gather_piece(n: usize, c: usize, lr: usize, w: usize) -> (usize, usize) {
+    let per_wire = ceildiv(n, 2 * c);
+    let start = ((lr * c + w) * per_wire).min(n);
+    (start, (start + per_wire).min(n))
+}
+
+/// Appends the messages of a send of `n` bytes from `src` on the ring to neighbour `dst`: C
+/// contiguous pieces of `⌈n/C⌉` bytes, on `left_` if `dst` is the left neighbour, else on
+/// `right_`.
+pub fn ring_send_messages(
+    m: &mut Messages,
+    large: bool,
+    r: usize,
+    c: usize,
+    src: usize,
+    dst: usize,
+    n: usize,
+) {
+    let per_wire = ceildiv(n, c);
+    let f = frame(large, per_wire);
+    for w in 0..c {
+        let start = (w * per_wire).min(n);
+        let len = (start + per_wire).min(n) - start;
+        let ch = if dst == (src + r - 1) % r {
+            left(src, r, c, w)
+        } else {
+            right(src, r, w)
+        };
+        if len > 0 {
+            push(m, src, ch, ceildiv(len, f), f);
+        }
+    }
+}
+
+/// Appends the messages of a mesh send of `n` bytes from `src` to `dst`.
+pub fn mesh_send_messages(m: &mut Messages, large: bool, src: usize, dst: usize, n: usize) {
+    let f = frame(large, n);
+    push(m, src, Channel::new(dst, 0), ceildiv(n, f), f);
+}
