@@ -1,6 +1,7 @@
-//! MLX's JACCL backend: collectives over RDMA on Thunderbolt 5 (macOS 26.2 and later).
-//! **Incomplete**: this module has the configuration and the side channel; the RDMA fabric and
-//! the algorithms are still to come (see [What remains](#what-remains)).
+//! MLX's JACCL backend: collectives over RDMA on Thunderbolt 5 (macOS 26.2 and later) and
+//! verbs devices; **experimental**. Its algorithms are verified in simulation and across
+//! processes over TCP; the RDMA fabric builds and finds devices, but has not run on Thunderbolt
+//! hardware (see [What is verified](#what-is-verified)).
 //!
 //! # JACCL
 //!
@@ -17,50 +18,64 @@
 //! environment that [`Config::from_env`] reads: `MLX_RANK`, `MLX_IBV_DEVICES` (the path of the
 //! device file), `MLX_JACCL_COORDINATOR` (`ip:port` of rank 0) and, for `jaccl-ring`,
 //! `MLX_JACCL_RING`. Before any RDMA resource is used, the ranks exchange their queue pairs'
-//! details over a TCP star through rank 0, the [`SideChannel`].
+//! details over a TCP star through rank 0, the [`SideChannel`]. `nuvec_distributed::init`
+//! (or `init_backend(_, Backend::Jaccl)`) does all of that and returns the group;
+//! `NUVEC_JACCL_FABRIC=tcp` runs the same job over TCP connections instead of queue pairs
+//! ([`tcp`]), and `NUVEC_JACCL_FRAMES=large` selects macOS 26.3's large frames.
 //!
 //! # Version
 //!
 //! The wire protocol of JACCL has changed several times. This module follows MLX 0.32.x (the
 //! sources at commit `846d176`, `mlx==0.32.4`), with the ring `all_gather` as fixed upstream in
 //! MLX PR #4443 (the two directions carry the two halves of every rank's block). Peers must run
-//! that version and the same macOS frame-size rule (large frames on macOS 26.3 and later).
+//! that version and the same frame rule ([`FrameRule`]: large frames on macOS 26.3 and later).
 //!
-//! # What is here
+//! # The pieces
 //!
-//! - [`config`]: the device file, the environment, MLX's validity rules for a mesh and
-//!   a ring, the topology choice and its limits. Pure logic.
-//! - [`side_channel`]: MLX's TCP side channel byte for byte (the rank hello, the
-//!   star all-gather, the typed all-gathers, the barrier, the 32-byte [`Destination`] records and
-//!   the mesh and ring exchanges in MLX's order), with every wait bounded.
+//! - [`config`]: the device file, the environment, MLX's validity rules for a mesh and a ring,
+//!   the topology choice and its limits. Pure logic.
+//! - [`side_channel`]: MLX's TCP side channel byte for byte, every wait bounded.
+//! - [`frames`]: frame sizes, message counts and the ring's slices, as pure arithmetic.
+//! - [`mesh`] and [`ring`]: the algorithms, written once over
+//!   [`Fabric`](crate::fabric::Fabric): the mesh's all-reduce (a rank-order fold; reduce-scatter,
+//!   all-gather and tail above 32 KiB with more than 2 ranks), sum-scatter, all-gather and
+//!   send/recv to any peer; the ring's all-reduce (one direction of one wire below MLX's
+//!   thresholds, else two directions of every wire), all-gather and neighbour send/recv. Every
+//!   message is a whole frame, as many per queue pair as MLX sends.
+//! - [`comm`]: [`JacclCommunicator`], the `nuvec_core` communicator over any fabric: checked
+//!   arguments, a deadline per operation, errors naming the peer, a sticky failure.
+//! - [`tcp`]: the cables as TCP connections, for tests and trials without RDMA.
 //! - `rdma` (cargo feature `jaccl` only): the RDMA fabric over MLX's UC queue pairs, with
-//!   `devices()` and `available()`; its docs say what is verified (not the hardware path yet).
+//!   `devices()` and `available()`.
 //!
-//! Both build without the `jaccl` cargo feature, which will gate only the real RDMA fabric.
+//! Everything but `rdma` builds without the `jaccl` feature.
 //!
-//! # What remains
+//! # Differences from MLX
 //!
-//! Nothing here moves tensor data yet. Still to be written:
+//! - **Deadlines.** MLX's JACCL waits forever for a completion: a rank whose peer died spins
+//!   (MLX issues #3910, #4278). Here every operation fails by its deadline with an error naming
+//!   the peer it was waiting for.
+//! - **Deterministic sum-scatter.** MLX reduces the shards of its `sum_scatter` (and of the large
+//!   mesh all-reduce) in the order messages complete, so float sums vary from run to run; here
+//!   they fold in rank order, one of MLX's possible results, the same on every run and rank.
+//! - **Not implemented**: the ring's `reduce_scatter` (MLX's JACCL ring `sum_scatter`).
 //!
-//! - **The RDMA fabric** (feature `jaccl`, macOS): `dlopen` of `librdma.dylib` and its 16
-//!   `ibv_*` symbols; per connection a device, a protection domain, a completion queue of 64
-//!   entries and a UC queue pair (32 send and 32 receive work requests, 1 SGE), taken through
-//!   INIT, the side-channel exchange, RTR (MTU 1024, PSN 7, port 1, GID index 1 when the remote
-//!   GID is set) and RTS, then the side-channel [`barrier`](SideChannel::barrier) — in MLX's
-//!   order (reference §3.4). The local [`Destination`] needs the port's LID and its first
-//!   IPv4-mapped GID.
-//! - **Frames**: page-aligned registered buffers of 4 KiB · 2^k (k = 0..7), two per size class,
-//!   with MLX's frame-size rule (the largest frame not above the message, only on macOS 26.3
-//!   and later; 4 KiB otherwise).
-//! - **UC message channels**: every message exactly one frame long whatever its payload, the
-//!   same number of messages per queue pair as MLX, receives posted ahead as MLX does (2 per
-//!   queue pair), completions polled with a deadline and their status checked.
-//! - **The algorithms**: the mesh's `all_reduce` (rank-ordered fold; reduce-scatter plus
-//!   all-gather plus tail above 32 KiB with more than 2 ranks), `sum_scatter`, `all_gather`,
-//!   `send`/`recv`; the ring's `all_reduce` (one or two directions over one or all wires),
-//!   `reduce_scatter`, `all_gather` (as fixed by #4443) and neighbour `send`/`recv`.
-//! - **The group**: a `Communicator` over the chosen topology, `init` and
-//!   `is_available` wiring, an emulated fabric to test the algorithms without hardware.
+//! # What is verified
+//!
+//! - In simulation (`tests/sim_jaccl.rs`, over the simulator's UC message channels): results
+//!   bit-identical on every rank and equal to an independent model's fold, for every dtype and
+//!   op, 2 to 8 ranks, 1 to 4 wires, both frame rules and sizes around every threshold; the
+//!   exact list of messages on every queue pair; and under lost messages, error completions,
+//!   dead or stalled peers and UC's drop rule, every rank fails naming a peer by its deadline
+//!   and none returns wrong data. That last guarantee rests on the simulator numbering its
+//!   messages, as RDMA immediate data can: the RDMA fabric does not number them yet, so on
+//!   hardware a lost frame could let the next one take its place unnoticed (UC's limitation,
+//!   which MLX shares).
+//! - Across processes over TCP (`tests/jaccl_processes.rs`): meshes of 2 to 4 ranks and rings
+//!   of 2 to 4 ranks with 1 or 2 wires, through `nuvec_distributed::init` and
+//!   `nuvec_core::distributed`, and a lost peer.
+//! - **Not verified**: the RDMA fabric on Thunderbolt hardware, interoperation with MLX's C++
+//!   JACCL, and the layout of Apple's `ibv_gid` in [`Destination`].
 
 pub mod comm;
 pub mod config;
