@@ -1,4 +1,4 @@
-//! A fault campaign: seeded scenarios of MLX's ring in simulation, each checked against the
+//! A fault campaign: seeded scenarios of MLX's ring and of JACCL in simulation, each checked against the
 //! invariants (no hang, no wrong result, failures name a peer, replays match).
 //!
 //! `cargo run --release --ignore-rust-version --example campaign -- --count 10000 [--seed FIRST]`

@@ -1,5 +1,6 @@
-//! A bounded fault campaign in simulation: hundreds of seeded scenarios with crashes, stalls and
-//! cut links, every invariant checked (see `nuvec_fabric_sim::campaign`).
+//! A bounded fault campaign in simulation: hundreds of seeded scenarios (the ring and JACCL) with
+//! crashes, stalls, cut links, lost messages and error completions, every invariant checked (see
+//! `nuvec_fabric_sim::campaign`).
 
 #[test]
 fn a_bounded_campaign_finds_no_violation() {

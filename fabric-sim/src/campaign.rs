@@ -1,11 +1,14 @@
-//! Fault campaigns: thousands of seeded scenarios of MLX's ring in simulation, each checked
-//! against the invariants a user relies on.
+//! Fault campaigns: thousands of seeded scenarios of MLX's ring and of JACCL in simulation,
+//! each checked against the invariants a user relies on.
 //!
-//! A scenario is drawn from one seed ([`Scenario::from_seed`]): the number of ranks and of
-//! links, the network (fragment size, window, latency), a sequence of collectives (all_sum,
+//! A scenario is drawn from one seed ([`Scenario::from_seed`]): the backend (the ring over
+//! stream channels, or JACCL's mesh or ring over UC message channels), the number of ranks and
+//! of links, the network (fragment size, window, latency; for JACCL, whether unexpected
+//! messages are dropped and how often messages are lost), a sequence of collectives (all_sum,
 //! all_max, all_min over several dtypes and sizes, all_gather, neighbour send/recv) and at most
 //! one fault (a crash at a fabric call or at a time, a stall shorter or longer than the
-//! timeout, a cut link). [`check`] runs it and checks:
+//! timeout, a cut link; for JACCL also a lost message or an error completion). [`check`] runs
+//! it and checks:
 //!
 //! - **no hang**: every operation returns within its deadline (virtual time);
 //! - **no wrong result**: an operation that succeeds returns exactly the expected bytes
@@ -23,11 +26,12 @@ use std::time::Duration;
 use nuvec_core::DType;
 use nuvec_distributed::RingCommunicator;
 use nuvec_distributed::fabric::{Channel, Fabric};
+use nuvec_distributed::jaccl::{FrameRule, JacclCommunicator};
 use nuvec_distributed::reduce::Reduction;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{Fault, Outcome, Sim};
+use crate::{Fault, Outcome, Sim, Uc, Unexpected};
 
 /// The deadline of every operation in a campaign.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -56,11 +60,29 @@ pub enum Op {
     },
 }
 
+/// Which backend a scenario runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// MLX's TCP ring over stream channels.
+    Ring,
+    /// JACCL's mesh over UC message channels.
+    JacclMesh,
+    /// JACCL's ring over UC message channels.
+    JacclRing,
+}
+
 /// A scenario, all of it drawn from its seed.
 #[derive(Clone, Debug)]
 pub struct Scenario {
     /// The seed it was drawn from (and that drives the simulation).
     pub seed: u64,
+    /// The backend.
+    pub backend: Backend,
+    /// Whether the network itself may lose messages (JACCL's UC channels with loss, or with
+    /// unexpected messages dropped): failures are then allowed without a fault.
+    pub lossy: bool,
+    /// JACCL's frame rule.
+    pub rule: FrameRule,
     /// Ranks.
     pub ranks: usize,
     /// Links per neighbour.
@@ -152,11 +174,79 @@ impl Scenario {
                 Duration::from_micros(rng.random_range(0..50)),
                 Duration::from_micros(rng.random_range(0..50)),
             );
+        // The backend comes from its own stream, so the ring's scenarios stay those of earlier
+        // campaigns.
+        let mut kind = ChaCha8Rng::seed_from_u64(seed ^ 0x0001_acc1);
+        let backend = match (ranks, kind.random_range(0..10u32)) {
+            (0 | 1, _) | (_, 0..=5) => Backend::Ring,
+            (_, 6 | 7) => Backend::JacclMesh,
+            _ => Backend::JacclRing,
+        };
+        let mut fault = fault;
+        let mut lossy = false;
+        let rule = if kind.random_bool(0.3) {
+            FrameRule::Large
+        } else {
+            FrameRule::Small
+        };
+        if backend != Backend::Ring {
+            let uc = match kind.random_range(0..4u32) {
+                0 => Uc {
+                    posted: 2,
+                    unexpected: Unexpected::Drop,
+                    loss: 0.0,
+                },
+                1 => Uc {
+                    loss: kind.random_range(0.0005..0.05),
+                    ..Uc::default()
+                },
+                _ => Uc::default(),
+            };
+            lossy = uc.loss > 0.0 || uc.unexpected == Unexpected::Drop;
+            let rank = kind.random_range(0..ranks);
+            let right = (rank + 1) % ranks;
+            let link = if backend == Backend::JacclMesh {
+                0
+            } else {
+                kind.random_range(0..links)
+            };
+            fault = match (fault, kind.random_range(0..4u32)) {
+                (_, 0) => Some(Fault::Lose {
+                    rank,
+                    channel: Channel::new(right, link),
+                    message: kind.random_range(0..40),
+                }),
+                (_, 1) => Some(Fault::ErrorStatus {
+                    rank,
+                    channel: Channel::new(right, link),
+                    message: kind.random_range(0..40),
+                }),
+                (Some(Fault::Cut { rank, at, .. }), _) => Some(Fault::Cut {
+                    rank,
+                    channel: Channel::new((rank + 1) % ranks, link),
+                    at,
+                }),
+                (other, _) => other,
+            };
+            sim = match backend {
+                Backend::JacclMesh => Sim::mesh(ranks),
+                _ => Sim::jaccl_ring(ranks, links),
+            }
+            .seed(seed)
+            .uc(uc)
+            .latency(
+                Duration::from_micros(kind.random_range(0..50)),
+                Duration::from_micros(kind.random_range(0..50)),
+            );
+        }
         if let Some(f) = &fault {
             sim = sim.fault(f.clone());
         }
         Self {
             seed,
+            backend,
+            lossy,
+            rule,
             ranks,
             links,
             ops,
@@ -249,6 +339,58 @@ fn expected(op: Reduction, dtype: DType, elements: usize, ranks: usize, index: u
     out
 }
 
+/// The operations a campaign runs, over either backend's communicator.
+trait Collectives {
+    fn try_all_reduce(
+        &self,
+        op: Reduction,
+        dtype: DType,
+        data: &mut [u8],
+    ) -> Result<(), nuvec_distributed::Error>;
+    fn try_all_gather(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), nuvec_distributed::Error>;
+    fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), nuvec_distributed::Error>;
+    fn try_recv(&self, src: usize, data: &mut [u8]) -> Result<(), nuvec_distributed::Error>;
+}
+
+macro_rules! collectives {
+    ($t:ty) => {
+        impl<F: Fabric> Collectives for $t {
+            fn try_all_reduce(
+                &self,
+                op: Reduction,
+                dtype: DType,
+                data: &mut [u8],
+            ) -> Result<(), nuvec_distributed::Error> {
+                <$t>::try_all_reduce(self, op, dtype, data)
+            }
+            fn try_all_gather(
+                &self,
+                input: &[u8],
+                output: &mut [u8],
+            ) -> Result<(), nuvec_distributed::Error> {
+                <$t>::try_all_gather(self, input, output)
+            }
+            fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), nuvec_distributed::Error> {
+                <$t>::try_send(self, dst, data)
+            }
+            fn try_recv(
+                &self,
+                src: usize,
+                data: &mut [u8],
+            ) -> Result<(), nuvec_distributed::Error> {
+                <$t>::try_recv(self, src, data)
+            }
+        }
+    };
+}
+
+collectives!(RingCommunicator<F>);
+collectives!(JacclCommunicator<F>);
+
 /// What one rank saw: per operation, its result or error text, and how long it took.
 type RankLog = Vec<(Result<Vec<u8>, String>, Duration)>;
 
@@ -256,7 +398,16 @@ fn run_rank(scenario: &Scenario, fabric: crate::SimFabric) -> RankLog {
     let clock = fabric.clock();
     let rank = fabric.rank();
     let ranks = scenario.ranks;
-    let comm = RingCommunicator::new(fabric, scenario.links, TIMEOUT);
+    let comm: Box<dyn Collectives> = match scenario.backend {
+        Backend::Ring => Box::new(RingCommunicator::new(fabric, scenario.links, TIMEOUT)),
+        Backend::JacclMesh => Box::new(JacclCommunicator::mesh(fabric, scenario.rule, TIMEOUT)),
+        Backend::JacclRing => Box::new(JacclCommunicator::ring(
+            fabric,
+            scenario.links,
+            scenario.rule,
+            TIMEOUT,
+        )),
+    };
     let mut log = Vec::new();
     for (index, op) in scenario.ops.iter().enumerate() {
         let start = clock.now();
@@ -384,7 +535,7 @@ pub fn check(seed: u64, replay: bool) -> Result<(), Violation> {
                     }
                 }
                 Err(text) => {
-                    if scenario.fault.is_none() {
+                    if scenario.fault.is_none() && !scenario.lossy {
                         return Err(fail(format!(
                             "rank {rank} op {index} failed without a fault: {text}"
                         )));
