@@ -29,6 +29,7 @@ const DUMPED: [&str; 6] = ["FOO", "QUOTE", "EMPTY", "FROM_HOSTFILE", "COLUMNS", 
 fn launched_rank() {
     match std::env::var(ROLE).as_deref() {
         Ok("ring") => ring_rank(),
+        Ok("jaccl") => jaccl_rank(),
         Ok("dump") => dump_rank(),
         _ => {}
     }
@@ -48,6 +49,18 @@ fn ring_rank() {
         "RESULT rank={r} size={n} sum={total:?} hostfile={}",
         hostfile.trim_end()
     );
+}
+
+/// Joins the JACCL job from the launch environment (over TCP, `NUVEC_JACCL_FABRIC=tcp`) and
+/// prints the all_sum of `[rank, 1]`.
+fn jaccl_rank() {
+    let group = nuvec_distributed::init(true).expect("init from nuvec-launch's JACCL environment");
+    let (r, n) = (group.rank(), group.size());
+    let x = array![r as f32, 1.0];
+    let total = distributed::all_sum(&x, None)
+        .to_vec::<f32>()
+        .expect("all_sum");
+    println!("RESULT rank={r} size={n} sum={total:?}");
 }
 
 /// Prints, in one line, every `MLX_*` variable and the [`DUMPED`] ones; the files that
@@ -431,6 +444,58 @@ fn jaccl_and_jaccl_ring_ranks_see_the_device_file_coordinator_and_ring_flag() {
             let mut got = vars.clone();
             got.remove("(cwd)");
             assert_eq!(got, want, "{backend}, rank {rank}");
+        }
+        assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+    }
+}
+
+/// A ring of 4 with one cable between neighbours.
+const RING_OF_FOUR: [&str; 4] = [
+    r#"[null, "rdma_en1", null, "rdma_en4"]"#,
+    r#"["rdma_en1", null, "rdma_en2", null]"#,
+    r#"[null, "rdma_en2", null, "rdma_en3"]"#,
+    r#"["rdma_en4", null, "rdma_en3", null]"#,
+];
+
+#[test]
+fn jaccl_and_jaccl_ring_jobs_run_a_real_all_sum_over_tcp() {
+    let _job = exclusive();
+    let dir = scratch("jaccl-job");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("create TMPDIR");
+    let command = rank_command();
+    for (backend, rdma) in [("jaccl", &MESH[..]), ("jaccl-ring", &RING_OF_FOUR[..])] {
+        let hostfile = dir.join(format!("{backend}.json"));
+        std::fs::write(&hostfile, jaccl_hostfile(backend, rdma)).expect("write the host file");
+        let hostfile_arg = hostfile.display().to_string();
+        let port = free_ports(1).to_string();
+        let mut args = vec![
+            "--hostfile",
+            &hostfile_arg,
+            "-p",
+            &port,
+            "--env",
+            "NUVEC_LAUNCH_TEST_ROLE=jaccl",
+            "--env",
+            "NUVEC_JACCL_FABRIC=tcp",
+            "--env",
+            "NUVEC_DISTRIBUTED_TIMEOUT=30",
+            "--",
+        ];
+        args.extend(command.iter().map(String::as_str));
+        let done = run(nuvec_launch(&tmp, &args), Duration::from_secs(120));
+        assert_eq!(done.code, Some(0), "{backend}: {}", done.describe());
+        let results = tagged(&done.stdout, "RESULT");
+        let n = rdma.len();
+        assert_eq!(results.len(), n, "{backend}: {}", done.describe());
+        let total = (0..n).sum::<usize>() as f32;
+        for (rank, result) in &results {
+            assert_eq!(
+                result,
+                &format!("rank={rank} size={n} sum=[{total:?}, {:?}]", n as f32),
+                "{backend}: {}",
+                done.describe()
+            );
         }
         assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
     }
