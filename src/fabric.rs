@@ -334,6 +334,14 @@ pub trait Fabric {
     fn probe(&mut self) -> Vec<(usize, String)> {
         Vec::new()
     }
+
+    /// When bytes last arrived from `peer`, on [`Fabric::now`]'s clock (`None`: never, or the
+    /// fabric does not keep track). The failure diagnosis says, per peer, in which operation it
+    /// was last heard from.
+    fn last_heard(&self, peer: usize) -> Option<Duration> {
+        let _ = peer;
+        None
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for &mut F {
@@ -358,6 +366,9 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     fn probe(&mut self) -> Vec<(usize, String)> {
         (**self).probe()
     }
+    fn last_heard(&self, peer: usize) -> Option<Duration> {
+        (**self).last_heard(peer)
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for Box<F> {
@@ -381,6 +392,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn probe(&mut self) -> Vec<(usize, String)> {
         (**self).probe()
+    }
+    fn last_heard(&self, peer: usize) -> Option<Duration> {
+        (**self).last_heard(peer)
     }
 }
 

@@ -1,6 +1,7 @@
 //! One failure model: argument errors are found before a byte moves and leave the group
 //! usable; the upstream 0.5.0 misalignment (an unsupported reduction failing mid-transfer, then
-//! a wrong next all_sum) cannot happen; after a wire failure every call fails at once.
+//! a wrong next all_sum) cannot happen; after a wire failure every call fails at once, and the
+//! group can say when and in which operation each peer was last heard from.
 
 use std::time::Duration;
 
@@ -107,4 +108,49 @@ fn after_a_wire_failure_every_call_fails_at_once_with_the_first_error() {
             other => panic!("rank {rank}: {other}"),
         }
     }
+}
+
+#[test]
+fn after_a_failure_every_peer_is_summarised_with_the_operation_it_was_last_heard_in() {
+    // Rank 2 crashes at its first step of the fourth operation (each all-reduce of 3 ranks is
+    // 4 fabric steps); the survivors fail in that operation, and the one that
+    // receives from rank 2 (data flows one way on a small all-reduce) says it was last heard
+    // during operation #2.
+    let report = Sim::ring(3, 1)
+        .seed(9)
+        .fault(Fault::Crash { rank: 2, call: 12 })
+        .run(|fabric| {
+            let comm = RingCommunicator::new(fabric, 1, TIMEOUT);
+            assert!(comm.diagnosis().is_empty(), "no diagnosis while healthy");
+            let mut failed = None;
+            for _ in 0..5 {
+                let mut data = vec![1u8; 16];
+                if let Err(e) = comm.try_all_reduce(Reduction::Sum, DType::U8, &mut data) {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            (failed.map(|e| e.to_string()), comm.diagnosis())
+        });
+    let mut about_2 = Vec::new();
+    for (rank, outcome) in report.outcomes.into_iter().enumerate() {
+        let (error, diagnosis) = match outcome {
+            Outcome::Returned(pair) => pair,
+            Outcome::Crashed => continue,
+            Outcome::Panicked(p) => panic!("rank {rank}: {p}"),
+        };
+        assert!(error.is_some(), "rank {rank} must fail");
+        assert_eq!(diagnosis.len(), 2, "rank {rank}: {diagnosis:?}");
+        for line in &diagnosis {
+            assert!(
+                line.contains(": last heard ") || line.ends_with(": never heard from"),
+                "rank {rank}: {line}"
+            );
+        }
+        about_2.extend(diagnosis.into_iter().filter(|l| l.starts_with("rank 2:")));
+    }
+    assert!(
+        about_2.iter().any(|l| l.contains("during all_sum #2")),
+        "{about_2:?}"
+    );
 }

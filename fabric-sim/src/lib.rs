@@ -493,6 +493,13 @@ impl Fabric for SimFabric {
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         self.shared.run(self.rank, step, deadline)
     }
+
+    fn last_heard(&self, peer: usize) -> Option<Duration> {
+        self.shared.lock().heard[self.rank]
+            .get(peer)
+            .copied()
+            .flatten()
+    }
 }
 
 struct Shared {
@@ -673,6 +680,7 @@ impl Shared {
                             let bytes: Vec<u8> = incoming.arrived.drain(..take).collect();
                             landing.deliver(p.done, &bytes);
                             p.done += take;
+                            world.heard[rank][channel.peer] = Some(world.now);
                             let (peer, link) = world
                                 .wiring
                                 .far_end(rank, *channel)
@@ -788,6 +796,7 @@ impl Shared {
                         }
                         landing.deliver(0, &bytes);
                         done[i] = true;
+                        world.heard[rank][channel.peer] = Some(world.now);
                         world.hash(&[2, rank as u64, channel.peer as u64, seq]);
                     }
                 }
@@ -939,6 +948,8 @@ struct World {
     lose: Vec<(usize, Channel, u64)>,
     /// Sends that complete with an error status: `(sender, channel, sequence number)`.
     error_status: Vec<(usize, Channel, u64)>,
+    /// `heard[rank][peer]`: when `rank` last took bytes from `peer`.
+    heard: Vec<Vec<Option<Duration>>>,
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
@@ -1012,6 +1023,7 @@ impl World {
             uc: sim.uc,
             lose: Vec::new(),
             error_status: Vec::new(),
+            heard: vec![vec![None; size]; size],
         };
         for f in &sim.faults {
             match *f {

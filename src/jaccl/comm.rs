@@ -145,6 +145,12 @@ impl<F: Fabric> JacclCommunicator<F> {
         self.lock().failed.clone()
     }
 
+    /// After the group failed: one line per peer saying when it was last heard from and during
+    /// which operation (also printed at the `error` log level). Empty while it is healthy.
+    pub fn diagnosis(&self) -> Vec<String> {
+        self.lock().diagnosis()
+    }
+
     /// Which peers are unreachable, as far as the fabric can tell without sending anything.
     pub fn health(&self) -> Vec<(usize, String)> {
         match self.lock().fabric.as_mut() {

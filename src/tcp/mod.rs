@@ -49,6 +49,8 @@ pub struct TcpFabric {
     poll: Poll,
     events: Events,
     epoch: Instant,
+    /// When bytes last arrived from each peer.
+    heard: Vec<Option<Duration>>,
 }
 
 impl std::fmt::Debug for TcpFabric {
@@ -108,6 +110,7 @@ impl TcpFabric {
         Ok(Self {
             rank,
             size: links.len(),
+            heard: vec![None; links.len()],
             links,
             poll,
             events: Events::with_capacity(64),
@@ -225,6 +228,10 @@ impl Fabric for TcpFabric {
         self.epoch.elapsed()
     }
 
+    fn last_heard(&self, peer: usize) -> Option<Duration> {
+        self.heard.get(peer).copied().flatten()
+    }
+
     fn probe(&mut self) -> Vec<(usize, String)> {
         let mut down = Vec::new();
         for (peer, row) in self.links.iter().enumerate() {
@@ -293,7 +300,12 @@ impl Fabric for TcpFabric {
                 let c = t.channel();
                 let link = &mut self.links[c.peer][c.link];
                 match advance(link, t, p) {
-                    Ok(m) => moved |= m,
+                    Ok(m) => {
+                        moved |= m;
+                        if m && t.direction() == Direction::Recv {
+                            self.heard[c.peer] = Some(self.epoch.elapsed());
+                        }
+                    }
                     Err(e) => return Err(failure(t, p.done, &e)),
                 }
                 if p.done < t.len() {
