@@ -27,7 +27,8 @@ use crate::sync::{Mutex, MutexGuard};
 /// `nuvec-fabric-sim`; wrap it in `nuvec_core::distributed::Group::new(Arc::new(..))`.
 pub struct RingCommunicator<F: Fabric> {
     ring: RingTopology,
-    timeout: Duration,
+    /// The deadline of every operation, in nanoseconds (changeable with `set_timeout`).
+    timeout: std::sync::atomic::AtomicU64,
     log: Log,
     state: Mutex<State<F, Vec<u8>>>,
 }
@@ -198,7 +199,9 @@ impl<F: Fabric> RingCommunicator<F> {
         }
         Self {
             ring,
-            timeout,
+            timeout: std::sync::atomic::AtomicU64::new(
+                u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            ),
             log: Log::off(),
             state: Mutex::new(State::new(fabric, Vec::new())),
         }
@@ -217,7 +220,15 @@ impl<F: Fabric> RingCommunicator<F> {
 
     /// The deadline of every operation.
     pub fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Changes the deadline of the operations that start from now on (an operation in
+    /// progress keeps its own): set a longer one before a slow operation and restore it after.
+    pub fn set_timeout(&self, timeout: Duration) {
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         self.timeout
+            .store(nanos, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The first failure of this group, if it has failed.
@@ -267,7 +278,7 @@ impl<F: Fabric> RingCommunicator<F> {
         body: impl FnOnce(&mut F, &mut Vec<u8>, Duration) -> Result<(), FabricError>,
     ) -> Result<(), Error> {
         self.lock()
-            .operate(self.ring.rank(), self.timeout, &self.log, op, bytes, body)
+            .operate(self.ring.rank(), self.timeout(), &self.log, op, bytes, body)
     }
 
     /// [`Communicator::all_reduce`] with this crate's error.

@@ -154,3 +154,35 @@ fn after_a_failure_every_peer_is_summarised_with_the_operation_it_was_last_heard
         "{about_2:?}"
     );
 }
+
+#[test]
+fn a_timeout_set_before_an_operation_is_its_deadline() {
+    // Rank 1 stalls for 10 s; rank 0 gives its operation 1 s and fails after 1 s, not 30.
+    let report = Sim::ring(2, 1)
+        .seed(3)
+        .fault(Fault::Stall {
+            rank: 1,
+            at: Duration::ZERO,
+            duration: Duration::from_secs(10),
+        })
+        .run(|fabric| {
+            let clock = fabric.clock();
+            let rank = nuvec_distributed::fabric::Fabric::rank(&fabric);
+            let comm = RingCommunicator::new(fabric, 1, TIMEOUT);
+            if rank == 0 {
+                comm.set_timeout(Duration::from_secs(1));
+                assert_eq!(comm.timeout(), Duration::from_secs(1));
+            }
+            let mut data = vec![1u8; 64];
+            let result = comm.try_all_reduce(Reduction::Sum, DType::U8, &mut data);
+            (result.is_err(), clock.now())
+        });
+    let Outcome::Returned((failed, at)) = &report.outcomes[0] else {
+        panic!("{:?}", report.outcomes[0])
+    };
+    assert!(*failed, "rank 0 must time out");
+    assert!(
+        *at >= Duration::from_secs(1) && *at < Duration::from_millis(1010),
+        "failed at {at:?}"
+    );
+}

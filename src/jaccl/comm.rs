@@ -58,7 +58,8 @@ impl Layout {
 pub struct JacclCommunicator<F: Fabric> {
     layout: Layout,
     rule: FrameRule,
-    timeout: Duration,
+    /// The deadline of every operation, in nanoseconds (changeable with `set_timeout`).
+    timeout: std::sync::atomic::AtomicU64,
     log: Log,
     state: Mutex<State<F, Scratch>>,
 }
@@ -113,7 +114,9 @@ impl<F: Fabric> JacclCommunicator<F> {
         Self {
             layout,
             rule,
-            timeout,
+            timeout: std::sync::atomic::AtomicU64::new(
+                u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            ),
             log: Log::off(),
             state: Mutex::new(State::new(fabric, Scratch::default())),
         }
@@ -137,7 +140,15 @@ impl<F: Fabric> JacclCommunicator<F> {
 
     /// The deadline of every operation.
     pub fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Changes the deadline of the operations that start from now on (an operation in
+    /// progress keeps its own): set a longer one before a slow operation and restore it after.
+    pub fn set_timeout(&self, timeout: Duration) {
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         self.timeout
+            .store(nanos, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The first failure of this group, if it has failed.
@@ -182,8 +193,14 @@ impl<F: Fabric> JacclCommunicator<F> {
         bytes: usize,
         body: impl FnOnce(&mut F, &mut Scratch, Duration) -> Result<(), crate::fabric::FabricError>,
     ) -> Result<(), Error> {
-        self.lock()
-            .operate(self.layout.rank(), self.timeout, &self.log, op, bytes, body)
+        self.lock().operate(
+            self.layout.rank(),
+            self.timeout(),
+            &self.log,
+            op,
+            bytes,
+            body,
+        )
     }
 
     fn reducer(
