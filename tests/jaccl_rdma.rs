@@ -1,0 +1,206 @@
+//! JACCL's RDMA fabric (feature `jaccl`): device listing without hardware, bring-up errors that name what failed, and a hardware exchange run under `mlx.launch --backend jaccl`.
+//!
+//! The hardware test is ignored by default. It needs hosts with RDMA devices that have an
+//! IPv4-mapped GID: Macs cabled for JACCL (RDMA enabled, an IPv4 address on each Thunderbolt
+//! interface) once the feature builds on macOS (see the docs of `jaccl::rdma`), or Linux hosts
+//! with RDMA NICs today. Build the test binary on every host (`cargo test --features jaccl
+//! --test jaccl_rdma --no-run` prints its path), write the device file for the cabling, and
+//! start the binary on every rank through the launcher, which runs any command:
+//!
+//! ```text
+//! mlx.launch --backend jaccl --hostfile hosts.json \
+//!     <test binary> --ignored --nocapture every_peer_receives
+//! ```
+//!
+//! (`--backend jaccl-ring` tests a ring cabling.) The test reads the job from the environment that `mlx.launch` writes (`MLX_RANK`,
+//! `MLX_IBV_DEVICES`, `MLX_JACCL_COORDINATOR`) and returns early, saying so, when it is not
+//! set. Only loopback addresses are used by the other tests.
+#![cfg(feature = "jaccl")]
+
+use std::net::TcpListener;
+use std::thread;
+use std::time::Duration;
+
+use nuvec_distributed::Error;
+use nuvec_distributed::fabric::{Channel, ChannelKind, Fabric, Landing, Transfer, Wiring};
+use nuvec_distributed::jaccl::rdma::{self, MAX_FRAME, RdmaFabric};
+use nuvec_distributed::jaccl::{self, Config, SideChannel, Topology};
+
+/// The timeout of the side channel and the bring-up.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+#[test]
+fn listing_devices_on_a_machine_without_rdma_returns_cleanly_and_nothing_is_available() {
+    let listed = jaccl::devices();
+    eprintln!("devices() on this machine: {listed:?}");
+    match listed {
+        Ok(names) if !names.is_empty() => {
+            eprintln!(
+                "skipped: this machine has RDMA devices ({})",
+                names.join(", ")
+            );
+            assert!(rdma::available());
+        }
+        Ok(_) => assert!(!rdma::available()),
+        Err(e) => {
+            let m = e.to_string();
+            assert!(m.contains("no RDMA device"), "{m}");
+            assert!(matches!(e, Error::Config(_)), "{e:?}");
+            assert!(!rdma::available());
+        }
+    }
+}
+
+#[test]
+fn a_side_channel_of_another_group_is_refused_before_any_device_is_opened() {
+    let devices = mesh_matrix(2, "rdma_nonexistent");
+    let config = Config::new(0, devices).coordinator("127.0.0.1:1");
+    let mut side = SideChannel::connect("127.0.0.1:1", 0, 1, TIMEOUT).unwrap();
+    let e = RdmaFabric::connect(&config, &mut side, TIMEOUT).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument { rank: 0, .. })
+            && e.to_string()
+                .contains("the side channel is rank 0 of 1 but the configuration is rank 0 of 2"),
+        "{e}"
+    );
+}
+
+#[test]
+fn connecting_over_a_device_that_does_not_exist_names_the_device_and_the_peer() {
+    let coordinator = free_loopback_address();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let coordinator = coordinator.clone();
+            thread::spawn(move || {
+                let config =
+                    Config::new(rank, mesh_matrix(2, "rdma_nonexistent")).coordinator(&coordinator);
+                let mut side = SideChannel::connect(&coordinator, rank, 2, TIMEOUT)?;
+                RdmaFabric::connect(&config, &mut side, TIMEOUT).map(|_| ())
+            })
+        })
+        .collect();
+    for (rank, handle) in ranks.into_iter().enumerate() {
+        let e = handle.join().unwrap().unwrap_err();
+        let m = e.to_string();
+        assert!(
+            matches!(e, Error::Connect { rank: r, .. } if r == rank)
+                && m.contains("device rdma_nonexistent")
+                && m.contains(&format!("queue pair to rank {}", 1 - rank))
+                && m.contains("no RDMA device"),
+            "rank {rank}: {m}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs RDMA hardware: run under `mlx.launch --backend jaccl` with --ignored"]
+fn every_peer_receives_the_frames_sent_to_it_on_every_channel() {
+    let config = match Config::from_env() {
+        Ok(Some(config)) => config,
+        Ok(None) => {
+            eprintln!(
+                "skipped: no JACCL job in the environment (MLX_IBV_DEVICES is not set); run \
+                 under `mlx.launch --backend jaccl`"
+            );
+            return;
+        }
+        Err(e) => panic!("the JACCL environment is malformed: {e}"),
+    };
+    config.validate().unwrap();
+    let (rank, size) = (config.rank(), config.size());
+    let coordinator = config.coordinator_address().unwrap().to_owned();
+    let mut side = SideChannel::connect(&coordinator, rank, size, TIMEOUT).unwrap();
+    let mut fabric = RdmaFabric::connect(&config, &mut side, TIMEOUT).unwrap();
+    assert_eq!(fabric.kind(), ChannelKind::Message);
+    let wiring = match fabric.topology() {
+        Topology::Mesh => Wiring::mesh(size, 1),
+        Topology::Ring { wires } => Wiring::ring(size, wires),
+    };
+    let channels: Vec<Channel> = (0..size)
+        .flat_map(|peer| (0..fabric.links(peer)).map(move |link| Channel::new(peer, link)))
+        .collect();
+    assert!(!channels.is_empty(), "rank {rank} has no channel");
+
+    // Two messages per channel per step: both of a queue pair's send frames in flight.
+    for len in [1, 4096, 65_536, MAX_FRAME] {
+        let outgoing: Vec<[Vec<u8>; 2]> = channels
+            .iter()
+            .map(|c| [0, 1].map(|k| pattern(rank, c.peer, c.link, k, len)))
+            .collect();
+        let expected: Vec<[Vec<u8>; 2]> = channels
+            .iter()
+            .map(|c| {
+                let (peer, their_link) = wiring.far_end(rank, *c).unwrap();
+                [0, 1].map(|k| pattern(peer, rank, their_link, k, len))
+            })
+            .collect();
+        let mut incoming: Vec<[Vec<u8>; 2]> = channels
+            .iter()
+            .map(|_| [vec![0u8; len], vec![0u8; len]])
+            .collect();
+        let mut step: Vec<Transfer<'_>> = Vec::new();
+        for (c, data) in channels.iter().zip(&outgoing) {
+            for d in data {
+                step.push(Transfer::Send {
+                    channel: *c,
+                    data: d,
+                });
+            }
+        }
+        for (c, bufs) in channels.iter().zip(incoming.iter_mut()) {
+            for b in bufs.iter_mut() {
+                step.push(Transfer::Recv {
+                    channel: *c,
+                    landing: Landing::Into(b),
+                });
+            }
+        }
+        let deadline = fabric.now() + Duration::from_secs(30);
+        fabric
+            .run(&mut step, deadline)
+            .unwrap_or_else(|e| panic!("rank {rank}, {len}-byte messages: {e}"));
+        drop(step);
+        for ((c, got), want) in channels.iter().zip(&incoming).zip(&expected) {
+            for k in 0..2 {
+                assert!(
+                    got[k] == want[k],
+                    "rank {rank}: message {k} of {len} bytes from {c} differs"
+                );
+            }
+        }
+        side.barrier().unwrap();
+    }
+    eprintln!(
+        "rank {rank}: exchanged frames of 1 B to {MAX_FRAME} B on {} channels",
+        channels.len()
+    );
+}
+
+/// The bytes rank `from` sends on its link `link` to rank `to` as message `k` of `len` bytes.
+fn pattern(from: usize, to: usize, link: usize, k: usize, len: usize) -> Vec<u8> {
+    let seed = from * 31 + to * 7 + link * 13 + k * 101 + len;
+    (0..len).map(|i| ((seed + i * 3) % 251) as u8).collect()
+}
+
+/// A mesh device matrix of `size` ranks with every entry `name`.
+fn mesh_matrix(size: usize, name: &str) -> Vec<Vec<Vec<String>>> {
+    (0..size)
+        .map(|i| {
+            (0..size)
+                .map(|j| {
+                    if i == j {
+                        Vec::new()
+                    } else {
+                        vec![name.to_owned()]
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A loopback address with a port that was free a moment ago.
+fn free_loopback_address() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
