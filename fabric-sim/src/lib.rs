@@ -38,6 +38,7 @@ use nuvec_distributed::RingCommunicator;
 use nuvec_distributed::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Wiring, most_stuck,
 };
+use nuvec_distributed::jaccl::{FrameRule, JacclCommunicator};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -294,6 +295,39 @@ impl Sim {
             .expect("run_ring needs a simulation made by Sim::ring");
         self.run(|fabric| {
             let comm = RingCommunicator::new(fabric, links, timeout);
+            body(Group::new(Arc::new(comm)))
+        })
+    }
+
+    /// Runs `body` on every rank with its `nuvec_core` group over JACCL: the mesh for a
+    /// simulation made by [`Sim::mesh`], the ring for one made by [`Sim::jaccl_ring`], every
+    /// rank with the frame rule `rule` and every operation bounded by `timeout` of virtual time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use nuvec_core::{array, distributed};
+    /// use nuvec_distributed::jaccl::FrameRule;
+    /// use nuvec_fabric_sim::Sim;
+    ///
+    /// let report = Sim::mesh(4).seed(7).run_jaccl(Duration::from_secs(30), FrameRule::Small, |group| {
+    ///     let x = array![1.0, 2.0];
+    ///     distributed::all_sum(&x, Some(&group)).to_vec::<f32>()
+    /// });
+    /// for outcome in report.outcomes {
+    ///     assert_eq!(outcome.returned().unwrap().unwrap(), [4.0, 8.0]);
+    /// }
+    /// ```
+    pub fn run_jaccl<T, F>(&self, timeout: Duration, rule: FrameRule, body: F) -> Report<T>
+    where
+        T: Send,
+        F: Fn(Group) -> T + Sync,
+    {
+        let ring = self.ring_links;
+        self.run(|fabric| {
+            let comm = match ring {
+                Some(wires) => JacclCommunicator::ring(fabric, wires, rule, timeout),
+                None => JacclCommunicator::mesh(fabric, rule, timeout),
+            };
             body(Group::new(Arc::new(comm)))
         })
     }
