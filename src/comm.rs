@@ -27,22 +27,19 @@ use crate::sync::{Mutex, MutexGuard};
 /// `nuvec-fabric-sim`; wrap it in `nuvec_core::distributed::Group::new(Arc::new(..))`.
 pub struct RingCommunicator<F: Fabric> {
     ring: RingTopology,
-    /// The deadline of every operation, in nanoseconds (changeable with `set_timeout`).
-    timeout: std::sync::atomic::AtomicU64,
-    log: Log,
-    state: Mutex<State<F, Vec<u8>>>,
+    core: Core<F, Vec<u8>>,
 }
 
 /// What a communicator guards with its lock: the fabric, reusable buffers, the sequence
 /// number and the first failure.
-pub(crate) struct State<F, S> {
-    pub(crate) fabric: Option<F>,
+struct State<F, S> {
+    fabric: Option<F>,
     /// Buffers the algorithms reuse (the ring's zero-padded copy of its small path, say).
-    pub(crate) scratch: S,
+    scratch: S,
     /// The number of operations started so far.
-    pub(crate) seq: u64,
+    seq: u64,
     /// The first failure, returned by every later call.
-    pub(crate) failed: Option<Error>,
+    failed: Option<Error>,
     /// The latest operations, `(sequence number, name, start on the fabric's clock)`, to say in
     /// which one each peer was last heard from.
     history: std::collections::VecDeque<(u64, &'static str, Duration)>,
@@ -55,7 +52,7 @@ const HISTORY: usize = 64;
 
 impl<F: Fabric, S> State<F, S> {
     /// A fresh state over `fabric`.
-    pub(crate) fn new(fabric: F, scratch: S) -> Self {
+    fn new(fabric: F, scratch: S) -> Self {
         Self {
             fabric: Some(fabric),
             scratch,
@@ -175,6 +172,89 @@ impl<F: Fabric> std::fmt::Debug for RingCommunicator<F> {
     }
 }
 
+/// What every communicator of this crate shares: its rank, the deadline of its operations, its
+/// log and its guarded [`State`], with the lifecycle every communicator offers (failure,
+/// diagnosis, health, close) and the one way operations run ([`Core::operate`]).
+pub(crate) struct Core<F, S> {
+    rank: usize,
+    /// The deadline of every operation, in nanoseconds (changeable while in use).
+    timeout: std::sync::atomic::AtomicU64,
+    log: Log,
+    state: Mutex<State<F, S>>,
+}
+
+impl<F: Fabric, S> Core<F, S> {
+    /// The core of `rank` over `fabric`, with `scratch` for its algorithms.
+    pub(crate) fn new(rank: usize, fabric: F, scratch: S, timeout: Duration) -> Self {
+        let core = Self {
+            rank,
+            timeout: std::sync::atomic::AtomicU64::new(0),
+            log: Log::off(),
+            state: Mutex::new(State::new(fabric, scratch)),
+        };
+        core.set_timeout(timeout);
+        core
+    }
+
+    /// Prints failures to `log`.
+    pub(crate) fn set_log(&mut self, log: Log) {
+        self.log = log;
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        self.timeout
+            .store(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn failure(&self) -> Option<Error> {
+        self.lock().failed.clone()
+    }
+
+    pub(crate) fn diagnosis(&self) -> Vec<String> {
+        self.lock().diagnosis()
+    }
+
+    pub(crate) fn health(&self) -> Vec<(usize, String)> {
+        match self.lock().fabric.as_mut() {
+            Some(fabric) => fabric.probe(),
+            None => Vec::new(),
+        }
+    }
+
+    pub(crate) fn close(&self) -> Option<F> {
+        self.lock().fabric.take()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<F, S>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An argument error of operation `op`: nothing moved, the group stays usable.
+    pub(crate) fn invalid(&self, op: &'static str, what: String) -> Error {
+        Error::InvalidArgument {
+            rank: self.rank,
+            op,
+            what,
+        }
+    }
+
+    /// Runs one operation whose arguments the caller has checked ([`State::operate`]).
+    pub(crate) fn operate(
+        &self,
+        op: &'static str,
+        bytes: usize,
+        body: impl FnOnce(&mut F, &mut S, Duration) -> Result<(), FabricError>,
+    ) -> Result<(), Error> {
+        self.lock()
+            .operate(self.rank, self.timeout(), &self.log, op, bytes, body)
+    }
+}
+
 impl<F: Fabric> RingCommunicator<F> {
     /// The ring over `fabric`, whose channels must be numbered as
     /// [`Wiring::ring`](crate::fabric::Wiring::ring) with `conns` links per neighbour; every
@@ -199,17 +279,13 @@ impl<F: Fabric> RingCommunicator<F> {
         }
         Self {
             ring,
-            timeout: std::sync::atomic::AtomicU64::new(
-                u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
-            ),
-            log: Log::off(),
-            state: Mutex::new(State::new(fabric, Vec::new())),
+            core: Core::new(ring.rank(), fabric, Vec::new(), timeout),
         }
     }
 
     /// Prints failures to `log`.
     pub(crate) fn with_log(mut self, log: Log) -> Self {
-        self.log = log;
+        self.core.set_log(log);
         self
     }
 
@@ -220,65 +296,50 @@ impl<F: Fabric> RingCommunicator<F> {
 
     /// The deadline of every operation.
     pub fn timeout(&self) -> Duration {
-        Duration::from_nanos(self.timeout.load(std::sync::atomic::Ordering::Relaxed))
+        self.core.timeout()
     }
 
     /// Changes the deadline of the operations that start from now on (an operation in
     /// progress keeps its own): set a longer one before a slow operation and restore it after.
     pub fn set_timeout(&self, timeout: Duration) {
-        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        self.timeout
-            .store(nanos, std::sync::atomic::Ordering::Relaxed);
+        self.core.set_timeout(timeout);
     }
 
     /// The first failure of this group, if it has failed.
     pub fn failure(&self) -> Option<Error> {
-        self.lock().failed.clone()
+        self.core.failure()
     }
 
     /// After the group failed: one line per peer saying when it was last heard from and during
     /// which operation, e.g. `rank 2: last heard 29.871s ago, during all_sum #14` (also
     /// printed at the `error` log level). Empty while the group is healthy.
     pub fn diagnosis(&self) -> Vec<String> {
-        self.lock().diagnosis()
+        self.core.diagnosis()
     }
 
     /// Which peers are unreachable, checked without running a collective (it waits for an
     /// operation in progress, never interleaves with one): `(peer, what)` for each.
     pub fn health(&self) -> Vec<(usize, String)> {
-        match self.lock().fabric.as_mut() {
-            Some(fabric) => fabric.probe(),
-            None => Vec::new(),
-        }
+        self.core.health()
     }
 
     /// Releases the fabric (and with it the connections); later calls fail with
     /// [`Error::Closed`]. Returns the fabric if it was still there.
     pub fn close(&self) -> Option<F> {
-        self.lock().fabric.take()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State<F, Vec<u8>>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.core.close()
     }
 
     fn invalid(&self, op: &'static str, what: String) -> Error {
-        Error::InvalidArgument {
-            rank: self.ring.rank(),
-            op,
-            what,
-        }
+        self.core.invalid(op, what)
     }
 
-    /// Runs one operation whose arguments the caller has checked ([`State::operate`]).
     fn operate(
         &self,
         op: &'static str,
         bytes: usize,
         body: impl FnOnce(&mut F, &mut Vec<u8>, Duration) -> Result<(), FabricError>,
     ) -> Result<(), Error> {
-        self.lock()
-            .operate(self.ring.rank(), self.timeout(), &self.log, op, bytes, body)
+        self.core.operate(op, bytes, body)
     }
 
     /// [`Communicator::all_reduce`] with this crate's error.

@@ -10,7 +10,6 @@
 //! operation breaks off in the middle nothing could say which message belongs to which
 //! operation.
 
-use std::sync::PoisonError;
 use std::time::Duration;
 
 use nuvec_core::DType;
@@ -20,13 +19,12 @@ use super::frames::FrameRule;
 use super::mesh::{self, MeshTopology};
 use super::ring;
 use super::wire::Scratch;
-use crate::comm::State;
+use crate::comm::Core;
 use crate::error::Error;
 use crate::fabric::Fabric;
 use crate::log::Log;
 use crate::reduce::{Reducer, Reduction};
 use crate::ring::RingTopology;
-use crate::sync::{Mutex, MutexGuard};
 
 /// How the ranks of a JACCL group are cabled, with this rank's place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,10 +56,7 @@ impl Layout {
 pub struct JacclCommunicator<F: Fabric> {
     layout: Layout,
     rule: FrameRule,
-    /// The deadline of every operation, in nanoseconds (changeable with `set_timeout`).
-    timeout: std::sync::atomic::AtomicU64,
-    log: Log,
-    state: Mutex<State<F, Scratch>>,
+    core: Core<F, Scratch>,
 }
 
 impl<F: Fabric> std::fmt::Debug for JacclCommunicator<F> {
@@ -114,17 +109,13 @@ impl<F: Fabric> JacclCommunicator<F> {
         Self {
             layout,
             rule,
-            timeout: std::sync::atomic::AtomicU64::new(
-                u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
-            ),
-            log: Log::off(),
-            state: Mutex::new(State::new(fabric, Scratch::default())),
+            core: Core::new(layout.rank(), fabric, Scratch::default(), timeout),
         }
     }
 
     /// Prints failures to `log`.
     pub(crate) fn with_log(mut self, log: Log) -> Self {
-        self.log = log;
+        self.core.set_log(log);
         self
     }
 
@@ -140,51 +131,38 @@ impl<F: Fabric> JacclCommunicator<F> {
 
     /// The deadline of every operation.
     pub fn timeout(&self) -> Duration {
-        Duration::from_nanos(self.timeout.load(std::sync::atomic::Ordering::Relaxed))
+        self.core.timeout()
     }
 
     /// Changes the deadline of the operations that start from now on (an operation in
     /// progress keeps its own): set a longer one before a slow operation and restore it after.
     pub fn set_timeout(&self, timeout: Duration) {
-        let nanos = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        self.timeout
-            .store(nanos, std::sync::atomic::Ordering::Relaxed);
+        self.core.set_timeout(timeout);
     }
 
     /// The first failure of this group, if it has failed.
     pub fn failure(&self) -> Option<Error> {
-        self.lock().failed.clone()
+        self.core.failure()
     }
 
     /// After the group failed: one line per peer saying when it was last heard from and during
     /// which operation (also printed at the `error` log level). Empty while it is healthy.
     pub fn diagnosis(&self) -> Vec<String> {
-        self.lock().diagnosis()
+        self.core.diagnosis()
     }
 
     /// Which peers are unreachable, as far as the fabric can tell without sending anything.
     pub fn health(&self) -> Vec<(usize, String)> {
-        match self.lock().fabric.as_mut() {
-            Some(fabric) => fabric.probe(),
-            None => Vec::new(),
-        }
+        self.core.health()
     }
 
     /// Releases the fabric; later calls fail with [`Error::Closed`].
     pub fn close(&self) -> Option<F> {
-        self.lock().fabric.take()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State<F, Scratch>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.core.close()
     }
 
     fn invalid(&self, op: &'static str, what: String) -> Error {
-        Error::InvalidArgument {
-            rank: self.layout.rank(),
-            op,
-            what,
-        }
+        self.core.invalid(op, what)
     }
 
     fn operate(
@@ -193,14 +171,7 @@ impl<F: Fabric> JacclCommunicator<F> {
         bytes: usize,
         body: impl FnOnce(&mut F, &mut Scratch, Duration) -> Result<(), crate::fabric::FabricError>,
     ) -> Result<(), Error> {
-        self.lock().operate(
-            self.layout.rank(),
-            self.timeout(),
-            &self.log,
-            op,
-            bytes,
-            body,
-        )
+        self.core.operate(op, bytes, body)
     }
 
     fn reducer(

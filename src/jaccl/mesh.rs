@@ -86,7 +86,7 @@ pub fn all_reduce<F: Fabric + ?Sized>(
             let n = shard * s;
             let (shards, tail) = data.split_at_mut(n * mesh.size);
             if n > 0 {
-                scatter_fold(fabric, mesh, reducer, shards, n, scratch, deadline)?;
+                scatter_fold(fabric, mesh, reducer, shards, scratch, deadline)?;
                 shards[mesh.rank * n..(mesh.rank + 1) * n].copy_from_slice(&scratch.acc);
                 gather_in_place(fabric, mesh, shards, n, scratch, deadline)?;
             }
@@ -107,50 +107,8 @@ fn fold<F: Fabric + ?Sized>(
     scratch: &mut Scratch,
     deadline: Duration,
 ) -> Result<(), FabricError> {
-    let n = data.len();
-    let frame = mesh.rule.frame(n);
-    let count = n.div_ceil(frame);
-    let Scratch {
-        received,
-        acc,
-        staging,
-    } = scratch;
-    received.clear();
-    received.resize(n * mesh.size, 0);
-    {
-        let (mut tails, zeros) = staging.prepare(frame, 1);
-        if let Some(tail) = tails.first_mut() {
-            stage_tail(tail, data, frame);
-        }
-        let tail: &[u8] = tails.into_iter().next().map_or(&[], |t| &*t);
-        let mut sinks: Vec<(Channel, Sink<'_>)> = Vec::new();
-        for (p, block) in received.chunks_mut(n.max(1)).enumerate() {
-            if p != mesh.rank {
-                recv_sinks(&mut sinks, mesh.channel(p), block, frame, count, Keep::Copy);
-            }
-        }
-        let mut step: Step<'_> = Vec::with_capacity(2 * count * (mesh.size - 1));
-        for p in mesh.peers() {
-            push_sends(&mut step, mesh.channel(p), data, frame, count, tail, zeros);
-        }
-        push_recvs(&mut step, &mut sinks, frame, reducer.element_size());
-        fabric.run(&mut step, deadline)?;
-    }
-    // out = ((x₀ ⊕ x₁) ⊕ x₂) …, this rank's own input in its place.
-    acc.clear();
-    for r in 0..mesh.size {
-        let x: &[u8] = if r == mesh.rank {
-            data
-        } else {
-            &received[r * n..(r + 1) * n]
-        };
-        if r == 0 {
-            acc.extend_from_slice(x);
-        } else {
-            reducer.apply(acc, x);
-        }
-    }
-    data.copy_from_slice(acc);
+    exchange_fold(fabric, mesh, reducer, data, false, scratch, deadline)?;
+    data.copy_from_slice(&scratch.acc);
     Ok(())
 }
 
@@ -161,49 +119,81 @@ fn scatter_fold<F: Fabric + ?Sized>(
     mesh: &MeshTopology,
     reducer: Reducer,
     shards: &[u8],
-    n: usize,
     scratch: &mut Scratch,
     deadline: Duration,
 ) -> Result<(), FabricError> {
-    let frame = mesh.rule.frame(n);
-    let count = n.div_ceil(frame);
+    exchange_fold(fabric, mesh, reducer, shards, true, scratch, deadline)
+}
+
+/// The one exchange of the mesh's folds: to every peer p this rank sends `input` whole, or,
+/// when `sharded`, shard p of its R equal shards; it receives the peers' blocks of the same
+/// size and leaves `((x₀ ⊕ x₁) ⊕ x₂) …` in `scratch.acc`, with its own block (or shard) in its
+/// place. MLX folds shards in the order they complete; rank order is one of its results.
+fn exchange_fold<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    mesh: &MeshTopology,
+    reducer: Reducer,
+    input: &[u8],
+    sharded: bool,
+    scratch: &mut Scratch,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let n = if sharded {
+        input.len() / mesh.size
+    } else {
+        input.len()
+    };
+    let block = |p: usize| {
+        if sharded {
+            &input[p * n..(p + 1) * n]
+        } else {
+            input
+        }
+    };
     let Scratch {
         received,
         acc,
         staging,
     } = scratch;
+    acc.clear();
     if n == 0 {
-        acc.clear();
         return Ok(());
     }
+    let frame = mesh.rule.frame(n);
+    let count = n.div_ceil(frame);
     received.clear();
     received.resize(n * mesh.size, 0);
     {
         let (mut tails, zeros) = staging.prepare(frame, mesh.size);
         for (p, tail) in tails.iter_mut().enumerate() {
-            stage_tail(tail, &shards[p * n..(p + 1) * n], frame);
+            stage_tail(tail, block(p), frame);
         }
         let tails: Vec<&[u8]> = tails.into_iter().map(|t| &*t).collect();
         let mut sinks: Vec<(Channel, Sink<'_>)> = Vec::new();
-        for (p, block) in received.chunks_mut(n).enumerate() {
+        for (p, into) in received.chunks_mut(n).enumerate() {
             if p != mesh.rank {
-                recv_sinks(&mut sinks, mesh.channel(p), block, frame, count, Keep::Copy);
+                recv_sinks(&mut sinks, mesh.channel(p), into, frame, count, Keep::Copy);
             }
         }
         let mut step: Step<'_> = Vec::with_capacity(2 * count * (mesh.size - 1));
         for p in mesh.peers() {
-            let shard = &shards[p * n..(p + 1) * n];
             let tail = tails.get(p).copied().unwrap_or_default();
-            push_sends(&mut step, mesh.channel(p), shard, frame, count, tail, zeros);
+            push_sends(
+                &mut step,
+                mesh.channel(p),
+                block(p),
+                frame,
+                count,
+                tail,
+                zeros,
+            );
         }
         push_recvs(&mut step, &mut sinks, frame, reducer.element_size());
         fabric.run(&mut step, deadline)?;
     }
-    let me = mesh.rank;
-    acc.clear();
     for r in 0..mesh.size {
-        let x: &[u8] = if r == me {
-            &shards[me * n..(me + 1) * n]
+        let x: &[u8] = if r == mesh.rank {
+            block(r)
         } else {
             &received[r * n..(r + 1) * n]
         };
@@ -236,7 +226,7 @@ pub fn sum_scatter<F: Fabric + ?Sized>(
         output.copy_from_slice(input);
         return Ok(());
     }
-    scatter_fold(fabric, mesh, reducer, input, n, scratch, deadline)?;
+    scatter_fold(fabric, mesh, reducer, input, scratch, deadline)?;
     output.copy_from_slice(&scratch.acc);
     Ok(())
 }
