@@ -45,7 +45,7 @@ use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use jaccl_model::Messages;
-use values::typed_values;
+use values::{DTYPES, OPS, typed_values};
 
 /// The timeout of every operation (virtual time).
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,25 +53,6 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const SLACK: Duration = Duration::from_millis(1);
 /// Wall-clock limit of one simulated run.
 const WATCHDOG: Duration = Duration::from_secs(120);
-
-const DTYPES: [DType; 14] = [
-    DType::Bool,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::Complex64,
-];
-
-const OPS: [Reduction; 3] = [Reduction::Sum, Reduction::Max, Reduction::Min];
 
 /// How the ranks are cabled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -73,7 +73,7 @@ use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use mlx_model::{Lane, Wire};
-use values::typed_values;
+use values::{DTYPES, OPS, typed_values};
 
 /// The timeout of every operation.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -81,26 +81,6 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const SLACK: Duration = Duration::from_millis(1);
 /// Wall-clock limit of one simulated run: a hang becomes a failure with a replay line.
 const WATCHDOG: Duration = Duration::from_secs(120);
-
-/// Every nuvec dtype MLX's ring reduces.
-const DTYPES: [DType; 14] = [
-    DType::Bool,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::Complex64,
-];
-
-const OPS: [Reduction; 3] = [Reduction::Sum, Reduction::Max, Reduction::Min];
 
 // =============================================================================================
 // Cases and their text form

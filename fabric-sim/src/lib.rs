@@ -668,16 +668,7 @@ impl Shared {
         world.pump_all();
         loop {
             if world.ranks[rank].state == RankState::Crashed {
-                return Err(match step.first() {
-                    Some(t) => fail(t, 0, FailureKind::Crashed),
-                    None => FabricError {
-                        channel: Channel::new(rank, 0),
-                        direction: Direction::Send,
-                        done: 0,
-                        total: 0,
-                        kind: FailureKind::Crashed,
-                    },
-                });
+                return Err(crash_error(rank, step));
             }
             // Take what has arrived for the receives, in order per channel.
             let mut blocked_recv: Vec<Channel> = Vec::new();
@@ -784,16 +775,7 @@ impl Shared {
         let mut done = vec![false; step.len()];
         loop {
             if world.ranks[rank].state == RankState::Crashed {
-                return Err(match step.first() {
-                    Some(t) => fail(t, 0, FailureKind::Crashed),
-                    None => FabricError {
-                        channel: Channel::new(rank, 0),
-                        direction: Direction::Send,
-                        done: 0,
-                        total: 0,
-                        kind: FailureKind::Crashed,
-                    },
-                });
+                return Err(crash_error(rank, step));
             }
             let mut blocked: Vec<Channel> = Vec::new();
             for (i, t) in step.iter_mut().enumerate() {
@@ -858,6 +840,21 @@ impl Shared {
 /// The length of a transfer (for progress by fraction).
 fn step_len(t: &Transfer<'_>) -> usize {
     t.len()
+}
+
+/// The error of a step whose rank has crashed: it names the step's first transfer (or, for an
+/// empty step, the rank itself).
+fn crash_error(rank: usize, step: &[Transfer<'_>]) -> FabricError {
+    match step.first() {
+        Some(t) => fail(t, 0, FailureKind::Crashed),
+        None => FabricError {
+            channel: Channel::new(rank, 0),
+            direction: Direction::Send,
+            done: 0,
+            total: 0,
+            kind: FailureKind::Crashed,
+        },
+    }
 }
 
 fn fail(t: &Transfer<'_>, done: usize, kind: FailureKind) -> FabricError {

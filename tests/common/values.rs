@@ -8,7 +8,30 @@ use nuvec_core::DType;
 use rand::{Rng, RngExt};
 use rand_chacha::ChaCha8Rng;
 
+use nuvec_distributed::reduce::Reduction;
+
 use crate::mlx_model::Lane;
+
+/// Every nuvec dtype MLX's ring and JACCL reduce.
+pub const DTYPES: [DType; 14] = [
+    DType::Bool,
+    DType::U8,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F64,
+    DType::Complex64,
+];
+
+/// Every reduction.
+pub const OPS: [Reduction; 3] = [Reduction::Sum, Reduction::Max, Reduction::Min];
 
 pub fn f32_value(rng: &mut ChaCha8Rng, specials: f64) -> f32 {
     const SPECIAL: [u32; 10] = [
