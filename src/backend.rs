@@ -170,6 +170,7 @@ pub fn connect_jaccl(
     match fabric {
         JacclFabric::Tcp => {
             let (tcp, topology) = jaccl::tcp::connect(config, &mut side, options.timeout)?;
+            let tcp = tcp.with_spin(options.spin);
             Ok(jaccl_group(tcp, topology, rule, options.timeout, log))
         }
         #[cfg(feature = "jaccl")]
@@ -229,7 +230,8 @@ pub fn connect_ring(
         )));
     }
     let log = Log::new(options.log, rank);
-    let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, options.key.as_ref(), &log)?;
+    let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, options.key.as_ref(), &log)?
+        .with_spin(options.spin);
     let comm = Arc::new(RingCommunicator::new(fabric, conns, options.timeout).with_log(log));
     Ok(RingGroup {
         group: Group::new(comm.clone()),
@@ -245,6 +247,20 @@ fn cached(backend: Backend) -> Option<Group> {
     }
 }
 
+/// The options every backend reads from the environment: the timeout, the log level and the
+/// spin before parking.
+fn options_from(env: &Env<'_>) -> Result<Options, Error> {
+    let mut options = Options::default();
+    if let Some(timeout) = env.timeout()? {
+        options.timeout = timeout;
+    }
+    options.log = env.log_level()?;
+    if let Some(spin) = env.spin()? {
+        options = options.spin(spin);
+    }
+    Ok(options)
+}
+
 /// [`init_backend`](crate::init_backend) with this crate's error and an explicit environment.
 pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result<Group, Error> {
     if let Some(group) = cached(backend) {
@@ -258,11 +274,7 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
             Some(ring) => {
                 let nodes = hostfile::read(&ring.hostfile)?;
                 crate::env::check_rank(ring.rank, nodes.len(), &ring.hostfile)?;
-                let mut options = Options::default();
-                if let Some(timeout) = env.timeout()? {
-                    options.timeout = timeout;
-                }
-                options.log = env.log_level()?;
+                let mut options = options_from(env)?;
                 if let Some(secret) = env.key()? {
                     options = options.key(secret).map_err(|_| {
                         Error::Config(
@@ -286,11 +298,7 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
     if matches!(backend, Backend::Any | Backend::Jaccl) {
         match env.jaccl()? {
             Some(config) => {
-                let mut options = Options::default();
-                if let Some(timeout) = env.timeout()? {
-                    options.timeout = timeout;
-                }
-                options.log = env.log_level()?;
+                let options = options_from(env)?;
                 let (fabric, rule) = env.jaccl_transport()?;
                 let group = connect_jaccl(&config, fabric, rule, &options)?;
                 if group.size() > 1 {

@@ -8,6 +8,7 @@
 //! | `NUVEC_DISTRIBUTED_TIMEOUT` | per-operation timeout, positive finite seconds |
 //! | `NUVEC_DISTRIBUTED_KEY` | shared key, at least 16 bytes (never printed) |
 //! | `NUVEC_DISTRIBUTED_LOG` | `off`, `error`, `warn`, `info` or `debug` (any case) |
+//! | `NUVEC_DISTRIBUTED_SPIN_US` | how long a TCP step looks before it parks, 0 to 1 000 000 µs |
 //!
 //! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the
 //! process environment. Unlike MLX (which reads `MLX_RANK` with `atoi`), every value is checked,
@@ -36,6 +37,8 @@ pub(crate) const TIMEOUT: &str = "NUVEC_DISTRIBUTED_TIMEOUT";
 pub(crate) const KEY: &str = "NUVEC_DISTRIBUTED_KEY";
 /// The log level.
 pub(crate) const LOG: &str = "NUVEC_DISTRIBUTED_LOG";
+/// How long a TCP step keeps looking before it parks, in microseconds.
+pub(crate) const SPIN: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 /// Which fabric carries JACCL: `rdma` (the default) or `tcp` (one connection per cable).
 pub(crate) const JACCL_FABRIC: &str = "NUVEC_JACCL_FABRIC";
 /// JACCL's frame rule: `small` (the default, macOS 26.2) or `large` (macOS 26.3 and later).
@@ -233,6 +236,26 @@ impl<'a> Env<'a> {
         Ok(Some(d))
     }
 
+    /// The spin before parking from `NUVEC_DISTRIBUTED_SPIN_US` (whole microseconds, 0 to
+    /// [`MAX_SPIN`](crate::MAX_SPIN)), `None` if unset.
+    pub(crate) fn spin(&self) -> Result<Option<Duration>, Error> {
+        let Some(v) = self.text(SPIN)? else {
+            return Ok(None);
+        };
+        let max = crate::MAX_SPIN.as_micros();
+        let micros: u64 = v.parse().map_err(|_| {
+            Error::Config(format!(
+                "{SPIN}={v:?} is not a whole number of microseconds (e.g. \"100\", or \"0\" to park at once)"
+            ))
+        })?;
+        if u128::from(micros) > max {
+            return Err(Error::Config(format!(
+                "{SPIN}={v:?} is above the limit of {max} microseconds"
+            )));
+        }
+        Ok(Some(Duration::from_micros(micros)))
+    }
+
     /// The shared key from `NUVEC_DISTRIBUTED_KEY` (its UTF-8 bytes), `None` if unset.
     ///
     /// It must be at least [`MIN_KEY_BYTES`] bytes. Error messages never show the value.
@@ -414,6 +437,15 @@ mod tests {
         a_sub_nanosecond_timeout_is_refused:
             timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "1e-12")]
                 => ["NUVEC_DISTRIBUTED_TIMEOUT=\"1e-12\"", "below one nanosecond"];
+        a_spin_that_is_not_whole_microseconds_is_refused:
+            spin, [("NUVEC_DISTRIBUTED_SPIN_US", "2.5")]
+                => ["NUVEC_DISTRIBUTED_SPIN_US=\"2.5\"", "whole number of microseconds"];
+        a_negative_spin_is_refused:
+            spin, [("NUVEC_DISTRIBUTED_SPIN_US", "-1")]
+                => ["NUVEC_DISTRIBUTED_SPIN_US=\"-1\"", "whole number of microseconds"];
+        a_spin_above_a_second_is_refused:
+            spin, [("NUVEC_DISTRIBUTED_SPIN_US", "1000001")]
+                => ["NUVEC_DISTRIBUTED_SPIN_US=\"1000001\"", "limit of 1000000 microseconds"];
         a_short_key_is_refused_without_showing_it:
             key, [("NUVEC_DISTRIBUTED_KEY", "fifteen-bytes!!")]
                 => ["NUVEC_DISTRIBUTED_KEY is too short", "15 bytes", "at least 16"];
@@ -429,6 +461,19 @@ mod tests {
     }
 
     #[test]
+    fn a_spin_is_read_in_microseconds_and_zero_parks_at_once() {
+        let spin = |v: &str| {
+            let f = lookup(&[("NUVEC_DISTRIBUTED_SPIN_US", v)]);
+            Env::from_fn(&f).spin().expect("a valid spin")
+        };
+        assert_eq!(spin("250"), Some(Duration::from_micros(250)));
+        assert_eq!(spin("0"), Some(Duration::ZERO));
+        assert_eq!(spin("1000000"), Some(crate::MAX_SPIN));
+        let unset = lookup(&[]);
+        assert_eq!(Env::from_fn(&unset).spin().expect("unset"), None);
+    }
+
+    #[test]
     fn a_short_key_never_appears_in_the_message() {
         let f = lookup(&[("NUVEC_DISTRIBUTED_KEY", "s3cr3t")]);
         let m = message(Env::from_fn(&f).key());
@@ -440,7 +485,7 @@ mod tests {
     fn non_utf8_values_are_errors_naming_the_variable() {
         use std::os::unix::ffi::OsStringExt;
         let bad = || OsString::from_vec(vec![b'1', 0xff]);
-        for name in [MLX_RANK, TIMEOUT, LOG, KEY] {
+        for name in [MLX_RANK, TIMEOUT, LOG, KEY, SPIN] {
             let f = |n: &str| match n {
                 "MLX_HOSTFILE" => Some(OsString::from("h")),
                 n if n == name => Some(bad()),
@@ -451,6 +496,7 @@ mod tests {
                 MLX_RANK => message(env.ring()),
                 TIMEOUT => message(env.timeout()),
                 LOG => message(env.log_level()),
+                SPIN => message(env.spin()),
                 _ => message(env.key()),
             };
             assert!(m.contains(name) && m.contains("not valid UTF-8"), "{m}");

@@ -69,7 +69,7 @@ pub mod tcp;
 pub use backend::{Backend, JacclFabric, RingGroup, connect_jaccl, connect_ring, is_available};
 pub use comm::RingCommunicator;
 pub use error::Error;
-pub use options::Options;
+pub use options::{DEFAULT_SPIN, MAX_SPIN, Options};
 
 use nuvec_core::distributed::Group;
 

@@ -24,7 +24,15 @@ pub struct Options {
     pub timeout: Duration,
     pub(crate) log: LogLevel,
     pub(crate) key: Option<Key>,
+    pub(crate) spin: Duration,
 }
+
+/// How long, by default, a TCP step that cannot progress keeps looking before it parks
+/// ([`Options::spin`]).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
+
+/// The longest [`Options::spin`] accepted: a second.
+pub const MAX_SPIN: Duration = Duration::from_secs(1);
 
 impl Default for Options {
     fn default() -> Self {
@@ -32,6 +40,7 @@ impl Default for Options {
             timeout: Duration::from_secs(30),
             log: LogLevel::Off,
             key: None,
+            spin: DEFAULT_SPIN,
         }
     }
 }
@@ -62,6 +71,16 @@ impl Options {
             ))
         })?);
         Ok(self)
+    }
+
+    /// How long a TCP step that cannot progress keeps looking for bytes (yielding the core
+    /// between looks) before it parks until a socket is ready (default [`DEFAULT_SPIN`],
+    /// 100 µs; `NUVEC_DISTRIBUTED_SPIN_US` for [`init`](crate::init); at most [`MAX_SPIN`]).
+    /// Waking a parked thread costs tens of microseconds on a virtual machine; zero parks at
+    /// once and leaves the cores idle while waiting. See [`tcp`](crate::tcp).
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.spin = spin.min(MAX_SPIN);
+        self
     }
 
     /// Prints connection setup and failures on standard error, as `MLX_RING_VERBOSE`.

@@ -36,14 +36,16 @@ pub enum Layout {
 }
 
 impl Layout {
-    fn rank(&self) -> usize {
+    /// This rank.
+    pub fn rank(&self) -> usize {
         match self {
             Layout::Mesh(m) => m.rank(),
             Layout::Ring(r) => r.rank(),
         }
     }
 
-    fn size(&self) -> usize {
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
         match self {
             Layout::Mesh(m) => m.size(),
             Layout::Ring(r) => r.size(),

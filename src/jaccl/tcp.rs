@@ -115,7 +115,7 @@ pub fn connect(
         by_peer[peer].push(stream);
     }
     let fabric = TcpFabric::from_streams(rank, by_peer)
-        .map_err(|e| fail(format!("cannot poll the connections: {e}")))?;
+        .map_err(|e| fail(format!("cannot set up the connections: {e}")))?;
     Ok((fabric, topology))
 }
 

@@ -79,9 +79,6 @@ pub(crate) fn connect_ring(
         let opened = connect()?;
         (opened, accept(listeners)?)
     };
-    for stream in opened.iter().chain(&accepted) {
-        tune(stream).map_err(|e| fail(format!("setting socket options: {e}")))?;
-    }
     log.info(format_args!(
         "Rank {rank} connected: {} to rank {right}, {} from rank {left}",
         opened.len(),
@@ -93,9 +90,11 @@ pub(crate) fn connect_ring(
     })
 }
 
-/// Socket options of every ring connection: no Nagle delay (MLX's), and keepalive so an idle
-/// group notices a dead host.
-fn tune(stream: &TcpStream) -> io::Result<()> {
+/// Socket options of every connection of a [`TcpFabric`](super::TcpFabric) (the ring's and
+/// JACCL's over TCP): no Nagle delay (MLX's; without it a small message can wait for the
+/// peer's delayed acknowledgement, tens of milliseconds), and keepalive so an idle group
+/// notices a dead host.
+pub(super) fn tune(stream: &TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let socket = socket2::SockRef::from(stream);
     let keepalive = TcpKeepalive::new()
