@@ -339,11 +339,11 @@ impl Sim {
         F: Fn(SimFabric) -> T + Sync,
     {
         let seed = self.effective_seed();
+        let size = self.size();
         let shared = Arc::new(Shared {
             world: Mutex::new(World::new(self, seed)),
-            turn: Condvar::new(),
+            turns: (0..size).map(|_| Condvar::new()).collect(),
         });
-        let size = self.size();
         let outcomes: Vec<Outcome<T>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..size)
                 .map(|rank| {
@@ -401,6 +401,7 @@ impl Sim {
                 .filter(|(_, w)| !w.sizes.is_empty())
                 .map(|(&key, w)| (key, w.sizes.clone()))
                 .collect(),
+            payload: world.payload,
         }
     }
 }
@@ -450,6 +451,9 @@ pub struct Report<T> {
     /// Message channels: the length of every message sent, per `(sender, sender's channel)`
     /// (lost ones included).
     pub messages: BTreeMap<(usize, Channel), Vec<usize>>,
+    /// Bytes of payload the ranks put on the wire (stream fragments and messages, lost ones
+    /// included): divided by the wall-clock time of the run, the simulator's own speed.
+    pub payload: u64,
 }
 
 impl<T> Report<T> {
@@ -538,10 +542,20 @@ impl Fabric for SimFabric {
 
 struct Shared {
     world: Mutex<World>,
-    turn: Condvar,
+    /// One per rank: the rank waits on its own, so passing the turn wakes only the rank that
+    /// gets it (with one shared condition variable every hand-off woke every rank).
+    turns: Vec<Condvar>,
 }
 
 impl Shared {
+    /// Wakes the rank the scheduler gave the turn to, if any (`world` is still locked, so it
+    /// cannot miss the wake-up between its check of the turn and its wait).
+    fn pass(&self, world: &World) {
+        if let Some(next) = world.turn {
+            self.turns[next].notify_one();
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, World> {
         self.world.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -550,8 +564,7 @@ impl Shared {
     fn wait_turn(&self, rank: usize) {
         let mut world = self.lock();
         while world.turn != Some(rank) {
-            world = self
-                .turn
+            world = self.turns[rank]
                 .wait(world)
                 .unwrap_or_else(PoisonError::into_inner);
         }
@@ -561,7 +574,7 @@ impl Shared {
     fn start(&self) {
         let mut world = self.lock();
         world.schedule();
-        self.turn.notify_all();
+        self.pass(&world);
     }
 
     /// Marks `rank` finished and passes the turn on; says whether it had crashed.
@@ -575,7 +588,7 @@ impl Shared {
         }
         world.hash(&[9, rank as u64]);
         world.schedule();
-        self.turn.notify_all();
+        self.pass(&world);
         crashed
     }
 
@@ -586,10 +599,11 @@ impl Shared {
         rank: usize,
     ) -> MutexGuard<'a, World> {
         world.schedule();
-        self.turn.notify_all();
+        if world.turn != Some(rank) {
+            self.pass(&world);
+        }
         while world.turn != Some(rank) {
-            world = self
-                .turn
+            world = self.turns[rank]
                 .wait(world)
                 .unwrap_or_else(PoisonError::into_inner);
         }
@@ -702,8 +716,8 @@ impl Shared {
                             avail - avail % grain
                         };
                         if take > 0 {
-                            let bytes: Vec<u8> = incoming.arrived.drain(..take).collect();
-                            landing.deliver(p.done, &bytes);
+                            landing.deliver(p.done, &incoming.arrived.make_contiguous()[..take]);
+                            incoming.arrived.drain(..take);
                             p.done += take;
                             world.heard[rank][channel.peer] = Some(world.now);
                             let (peer, link) = world
@@ -981,11 +995,20 @@ struct World {
     error_status: Vec<(usize, Channel, u64)>,
     /// `heard[rank][peer]`: when `rank` last took bytes from `peer`.
     heard: Vec<Vec<Option<Duration>>>,
+    /// Bytes put on the wire so far ([`Report::payload`]).
+    payload: u64,
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
+    // FNV-1a's step over little-endian 8-byte words, then the tail bytes: a trace hash needs
+    // determinism and spread, not FNV's exact values, and words are 8 times fewer steps.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        h ^= u64::from_le_bytes(word.try_into().expect("8 bytes"));
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    for &b in words.remainder() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -1055,6 +1078,7 @@ impl World {
             lose: Vec::new(),
             error_status: Vec::new(),
             heard: vec![vec![None; size]; size],
+            payload: 0,
         };
         for f in &sim.faults {
             match *f {
@@ -1162,7 +1186,8 @@ impl World {
                 self.rng.random_range(0..=jitter.as_nanos() as u64)
             };
             let wire = self.channels.get_mut(&key).expect("wire exists");
-            let bytes: Vec<u8> = wire.outbox.drain(..size).collect();
+            let bytes = wire.outbox.make_contiguous()[..size].to_vec();
+            wire.outbox.drain(..size);
             let start = wire.busy_until.max(now);
             let on_wire = Duration::from_nanos((size as u128 * 1_000_000_000 / bps as u128) as u64);
             wire.busy_until = start + on_wire;
@@ -1171,6 +1196,7 @@ impl World {
             wire.last_arrival = arrival;
             wire.sent += size as u64;
             wire.in_flight_bytes += size;
+            self.payload += size as u64;
             if self.record_wire {
                 wire.record.extend_from_slice(&bytes);
             }
@@ -1265,6 +1291,7 @@ impl World {
         } else {
             self.rng.random_range(0..=jitter.as_nanos() as u64)
         };
+        self.payload += data.len() as u64;
         let wire = self.channel_mut(rank, channel);
         let start = wire.busy_until.max(now);
         let on_wire =
