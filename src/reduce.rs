@@ -5,7 +5,8 @@
 //! applied to every piece that arrives: `local[i] = local[i] ⊕ received[i]`. Buffers are raw
 //! little-endian bytes at any alignment. When both buffers are aligned for their element type
 //! the kernel runs directly over typed slices (auto-vectorised); otherwise it decodes blocks
-//! of elements into aligned stack buffers, reduces them and writes them back.
+//! of elements into aligned stack buffers, reduces them and writes them back (float16 and
+//! bfloat16 instead run their kernel over the bytes in place, two at a time).
 //!
 //! # Semantics
 //!
@@ -68,16 +69,21 @@
 //! One generic kernel serves every dtype: each element type is a `Lane` (its in-memory
 //! representation and its `combine`), and the kernel works on typed slices (aligned buffers)
 //! or on 256-element stack blocks decoded with `from_le_bytes` (unaligned buffers). The inner
-//! loops are branch-free so that they auto-vectorise. Half-precision sums go through
-//! `float32` 256 elements at a time: float16 is widened and narrowed with `half`'s slice
-//! conversions (F16C / NEON where the CPU has them), bfloat16 with shifts and MLX's own
-//! round-to-nearest-even bit trick; the NaN/infinity fix-up pass only runs on blocks that hold
-//! an infinity or a NaN. Half-precision max and min convert nothing: they compare
+//! loops are branch-free so that they auto-vectorise (the build assumes only baseline SSE2 on
+//! x86-64). The half types read their elements as byte pairs when a buffer is unaligned, so
+//! unaligned buffers take the same kernel as aligned ones, without copies.
+//!
+//! Half-precision sums go through `float32`, 256 elements at a time: bfloat16 is widened with
+//! a shift and narrowed with MLX's own round-to-nearest-even bit trick; float16 is widened
+//! (exactly, as a small integer times a power of two) and narrowed (round-to-nearest-even,
+//! bit-identical with `half::f16::from_f32`) by branch-free integer and float arithmetic that
+//! vectorises 8 elements at a time, rather than through `half`'s F16C / NEON routines, which
+//! are only reachable through run-time detection and non-inlined calls. The loop that sums a
+//! block also finds whether it holds an infinity or a NaN; only such blocks take the
+//! NaN/infinity fix-up pass. Half-precision max and min convert nothing: they compare
 //! sign-magnitude integer keys, which order exactly as the `float32` values do.
 
 use bytemuck::{Pod, Zeroable};
-use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use nuvec_core::distributed::AllReduce;
 use nuvec_core::{Complex64, DType};
 
@@ -247,8 +253,8 @@ const SUM: u8 = 0;
 const MAX: u8 = 1;
 const MIN: u8 = 2;
 
-/// Elements per block: the unaligned fallback's stack buffers and the half types' `float32`
-/// buffers.
+/// Elements per block: the unaligned fallback's stack buffers and the half types' sum
+/// blocks.
 const BLOCK: usize = 256;
 
 /// One dtype's element: its in-memory representation and its reduction.
@@ -272,6 +278,14 @@ trait Lane {
             *l = Self::combine::<OP>(*l, r);
         }
     }
+
+    /// `local[i] = local[i] ⊕ received[i]` over equal-length little-endian bytes, at least
+    /// one of them not aligned for `Self::Bits` (or a big-endian host): by default through
+    /// blocks decoded into aligned buffers.
+    #[inline(always)]
+    fn combine_unaligned<const OP: u8>(local: &mut [u8], received: &[u8]) {
+        combine_decoded::<Self, OP>(local, received);
+    }
 }
 
 /// The kernel for `op` over `T`.
@@ -291,21 +305,32 @@ fn kernel<T: Lane, const OP: u8>(local: &mut [u8], received: &[u8]) {
     let typed = |bytes: &[u8]| {
         cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, T::Bits>(bytes).is_ok()
     };
-    if typed(local) {
-        let local: &mut [T::Bits] = bytemuck::cast_slice_mut(local);
-        if typed(received) {
-            T::combine_slice::<OP>(local, bytemuck::cast_slice(received));
-        } else {
-            // Only `received` is unaligned: decode it a block at a time.
-            let mut r = [T::Bits::zeroed(); BLOCK];
-            for (lc, rc) in local
-                .chunks_mut(BLOCK)
-                .zip(received.chunks(BLOCK * T::SIZE))
-            {
-                let r = &mut r[..lc.len()];
-                decode::<T>(rc, r);
-                T::combine_slice::<OP>(lc, r);
-            }
+    if typed(local) && typed(received) {
+        T::combine_slice::<OP>(
+            bytemuck::cast_slice_mut(local),
+            bytemuck::cast_slice(received),
+        );
+    } else {
+        T::combine_unaligned::<OP>(local, received);
+    }
+}
+
+/// `Lane::combine_unaligned`'s default: decodes blocks into aligned stack buffers, reduces
+/// them with `combine_slice` and encodes the results back.
+#[inline(always)]
+fn combine_decoded<T: Lane + ?Sized, const OP: u8>(local: &mut [u8], received: &[u8]) {
+    if cfg!(target_endian = "little")
+        && let Ok(local) = bytemuck::try_cast_slice_mut::<u8, T::Bits>(local)
+    {
+        // Only `received` is unaligned: decode it a block at a time.
+        let mut r = [T::Bits::zeroed(); BLOCK];
+        for (lc, rc) in local
+            .chunks_mut(BLOCK)
+            .zip(received.chunks(BLOCK * T::SIZE))
+        {
+            let r = &mut r[..lc.len()];
+            decode::<T>(rc, r);
+            T::combine_slice::<OP>(lc, r);
         }
         return;
     }
@@ -329,7 +354,7 @@ fn kernel<T: Lane, const OP: u8>(local: &mut [u8], received: &[u8]) {
 
 /// Decodes little-endian `bytes` into `out` (one element per `T::SIZE` bytes).
 #[inline(always)]
-fn decode<T: Lane>(bytes: &[u8], out: &mut [T::Bits]) {
+fn decode<T: Lane + ?Sized>(bytes: &[u8], out: &mut [T::Bits]) {
     for (d, s) in out.iter_mut().zip(bytes.chunks_exact(T::SIZE)) {
         *d = T::from_le(s);
     }
@@ -485,22 +510,13 @@ trait HalfLane {
     fn nan(sign: u16) -> u16;
     /// The value as `float32` (exact; NaNs stay NaNs).
     fn widen(bits: u16) -> f32;
-    /// `sums[i] = widen(local[i]) + widen(received[i])` over a block (at most `BLOCK`).
+    /// `widen` for finite values (infinities and NaNs give anything).
     #[inline(always)]
-    fn add_block(local: &[u16], received: &[u16], sums: &mut [f32]) {
-        for ((s, &l), &r) in sums.iter_mut().zip(local).zip(received) {
-            *s = Self::widen(l) + Self::widen(r);
-        }
+    fn widen_finite(bits: u16) -> f32 {
+        Self::widen(bits)
     }
     /// `float32` rounded to nearest-even, for finite and infinite inputs (NaNs give anything).
     fn narrow(value: f32) -> u16;
-    /// `narrow` over a block.
-    #[inline(always)]
-    fn narrow_block(values: &[f32], out: &mut [u16]) {
-        for (o, &v) in out.iter_mut().zip(values) {
-            *o = Self::narrow(v);
-        }
-    }
 }
 
 /// The sign bit (as half bits) of the host's default NaN, which `inf + -inf` produces:
@@ -568,34 +584,115 @@ impl HalfLane for F16Lane {
 
     #[inline(always)]
     fn widen(bits: u16) -> f32 {
-        f16::from_bits(bits).to_f32()
+        f16_to_f32(bits)
     }
 
     #[inline(always)]
-    fn add_block(local: &[u16], received: &[u16], sums: &mut [f32]) {
-        // F16C / NEON when available (else `half`'s software conversion), 8 at a time.
-        let mut widened = [0f32; BLOCK];
-        let widened = &mut widened[..sums.len()];
-        local.reinterpret_cast::<f16>().convert_to_f32_slice(sums);
-        received
-            .reinterpret_cast::<f16>()
-            .convert_to_f32_slice(widened);
-        for (s, &r) in sums.iter_mut().zip(widened.iter()) {
-            *s += r;
-        }
+    fn widen_finite(bits: u16) -> f32 {
+        f16_finite_to_f32(bits)
     }
 
     #[inline(always)]
     fn narrow(value: f32) -> u16 {
-        f16::from_f32(value).to_bits()
+        f32_to_f16(value)
     }
+}
 
+// The float16 conversions are branch-free integer and float arithmetic that LLVM vectorises
+// with baseline SSE2 (or NEON), 8 elements at a time: `half`'s F16C / NEON routines are only
+// reachable through run-time detection and non-inlined calls, which cost more than they save
+// on 256-element blocks. The 16-bit steps map to single SSE2 instructions on 8 lanes
+// (`psubusw`, `pmaxsw`, `pminsw`, `packssdw`). For float16 inputs, and for sums of two float16
+// values (multiples of 2^-24), no operation below sees or makes a subnormal `float32`, so
+// they run at full speed and flush-to-zero or denormals-are-zero modes set by other code in
+// the process would not change the results.
+
+/// A finite float16 as `float32`, exactly. An infinity or NaN gives some finite value.
+///
+/// Every finite float16 is `n * 2^(e - 25)` for an integer `n` below 2^11: with `e` the
+/// exponent field, `n = 1024 + mantissa` for normal numbers (`e >= 1`) and `n = mantissa`
+/// for zeros and subnormals, taking `e = 1` for them. Both factors and their product are
+/// exact `float32` values (the power of two is built from its bits), and the product carries
+/// the sign of the power of two, so `-0` stays `-0`.
+#[inline(always)]
+fn f16_finite_to_f32(bits: u16) -> f32 {
+    let magnitude = bits & 0x7FFF;
+    // `e - 1`, and 0 for zeros and subnormals (SSE2's saturating `psubusw`).
+    let exponent = (magnitude >> 10).saturating_sub(1);
+    let significand = magnitude - (exponent << 10);
+    // The upper half of the bits of ±2^(e - 25): biased exponent `e + 102`.
+    let scale = ((exponent + 103) << 7) | (bits & 0x8000);
+    f32::from(significand) * f32::from_bits(u32::from(scale) << 16)
+}
+
+/// float16 bits as `float32`, exactly, for every input: zeros keep their sign, subnormals
+/// become normal `float32` values, infinities stay infinite, and NaNs keep their sign and
+/// payload (shifted up 13 bits) and come out quiet, as `half::f16::to_f32` makes them.
+#[inline(always)]
+fn f16_to_f32(bits: u16) -> f32 {
+    let magnitude = u32::from(bits & 0x7FFF);
+    // Exponent field 31 becomes 255, the mantissa moves up 13 bits, NaNs get the quiet bit.
+    let quiet = mask32(magnitude > 0x7C00) & 0x0040_0000;
+    let special = (u32::from(bits & 0x8000) << 16) | 0x7F80_0000 | ((magnitude & 0x03FF) << 13);
+    let finite = f16_finite_to_f32(bits).to_bits();
+    f32::from_bits(blend32(
+        mask32(magnitude >= 0x7C00),
+        special | quiet,
+        finite,
+    ))
+}
+
+/// `float32` rounded to the nearest float16, ties to even: the bits `half::f16::from_f32`
+/// gives for every finite or infinite input (magnitudes from 65520 on round to infinity).
+/// NaNs give an infinity (the sum kernel replaces NaN results anyway).
+///
+/// Two candidates are computed for the magnitude `a`, and the smaller one is the result:
+/// - for `a >= 2^-14` (a normal float16 or an overflow), the `float32` bits rebiased from
+///   127 to 15 and rounded to 10 mantissa bits by adding `0xFFF` plus the lowest kept bit and
+///   truncating 13 bits (a carry out of the mantissa increments the exponent, up to infinity
+///   at 65520), clamped to `[0x0400, 0x7C00]`;
+/// - for `a < 2^-14` (zero or a subnormal float16), the low bits of `a + 0.5`: there the
+///   `float32` spacing is 2^-24, float16's subnormal spacing, so the hardware's addition
+///   rounds to nearest-even (2^-14 itself, `0x0400`, if it rounds up).
+///
+/// Below 2^-14 the first candidate is `0x0400`, at least the second; from 2^-14 on the
+/// second, `round(a * 2^24)` (saturated to `i16::MAX`), is at least the first, since a
+/// float16's bits never exceed its value in units of 2^-24 (they are equal below 2^-13).
+/// Saturating to 16 bits, clamping and the minimum are single SSE2 instructions on 8 lanes.
+#[inline(always)]
+fn f32_to_f16(value: f32) -> u16 {
+    /// `x` saturated to the `i16` range (SSE2's `packssdw`).
     #[inline(always)]
-    fn narrow_block(values: &[f32], out: &mut [u16]) {
-        // F16C / NEON when available, else `half`'s software conversion; both RNE.
-        out.reinterpret_cast_mut::<f16>()
-            .convert_from_f32_slice(values);
+    fn saturate(x: i32) -> i16 {
+        x.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16
     }
+    let bits = value.to_bits();
+    let magnitude = bits & 0x7FFF_FFFF;
+    let subnormal = (f32::from_bits(magnitude) + 0.5)
+        .to_bits()
+        .wrapping_sub(0x3F00_0000) as i32;
+    // Below 2^-15 this is negative (no wrap-around: `magnitude` is below 2^31), and the clamp
+    // takes it to 0x0400.
+    let normal = (magnitude
+        .wrapping_add(0x0FFF_u32.wrapping_sub(112 << 23))
+        .wrapping_add((magnitude >> 13) & 1) as i32)
+        >> 13;
+    let rounded = saturate(normal)
+        .clamp(0x0400, 0x7C00)
+        .min(saturate(subnormal));
+    rounded as u16 | ((bits >> 16) as u16 & 0x8000)
+}
+
+/// All ones if `b`, else zero (32 bits).
+#[inline(always)]
+fn mask32(b: bool) -> u32 {
+    0u32.wrapping_sub(u32::from(b))
+}
+
+/// `if m { a } else { b }` for a mask `m` of all ones or zero (32 bits).
+#[inline(always)]
+fn blend32(m: u32, a: u32, b: u32) -> u32 {
+    (a & m) | (b & !m)
 }
 
 /// bfloat16 (as MLX's `_MLX_BFloat16`).
@@ -623,7 +720,8 @@ impl HalfLane for Bf16Lane {
 }
 
 /// The half types' `Lane`: the scalar definition, and a blocked slice kernel (sums go
-/// through `float32` 256 elements at a time; max and min compare integer keys).
+/// through `float32` 256 elements at a time; max and min compare integer keys) that also
+/// serves unaligned buffers, read as byte pairs.
 macro_rules! half_lanes {
     ($($lane:ty),*) => {$(
         impl Lane for $lane {
@@ -650,7 +748,16 @@ macro_rules! half_lanes {
 
             #[inline(always)]
             fn combine_slice<const OP: u8>(local: &mut [u16], received: &[u16]) {
-                half_combine_slice::<Self, OP>(local, received);
+                half_combine_slice::<Self, OP, u16>(local, received);
+            }
+
+            #[inline(always)]
+            fn combine_unaligned<const OP: u8>(local: &mut [u8], received: &[u8]) {
+                // Unaligned loads cost nothing extra: the same kernel over byte pairs.
+                half_combine_slice::<Self, OP, [u8; 2]>(
+                    bytemuck::cast_slice_mut(local),
+                    bytemuck::cast_slice(received),
+                );
             }
         }
     )*};
@@ -658,45 +765,93 @@ macro_rules! half_lanes {
 
 half_lanes!(F16Lane, Bf16Lane);
 
-/// Some element of `xs` is an infinity or a NaN (branch-free, vectorises).
-#[inline(always)]
-fn has_inf_or_nan<H: HalfLane>(xs: &[u16]) -> bool {
-    xs.iter()
-        .fold(0u16, |any, &x| any | mask(x & H::INF == H::INF))
-        != 0
+/// A float16 or bfloat16 element as the half kernel reads and writes it: a `u16` of an
+/// aligned typed slice, or two little-endian bytes at any alignment.
+trait HalfBits: Copy {
+    /// The element's bits.
+    fn get(self) -> u16;
+    /// The element with bits `bits`.
+    fn put(bits: u16) -> Self;
+}
+
+impl HalfBits for u16 {
+    #[inline(always)]
+    fn get(self) -> u16 {
+        self
+    }
+
+    #[inline(always)]
+    fn put(bits: u16) -> u16 {
+        bits
+    }
+}
+
+impl HalfBits for [u8; 2] {
+    #[inline(always)]
+    fn get(self) -> u16 {
+        u16::from_le_bytes(self)
+    }
+
+    #[inline(always)]
+    fn put(bits: u16) -> [u8; 2] {
+        bits.to_le_bytes()
+    }
 }
 
 /// `local[i] = local[i] ⊕ received[i]` for a half type.
 #[inline(always)]
-fn half_combine_slice<H: HalfLane, const OP: u8>(local: &mut [u16], received: &[u16]) {
+fn half_combine_slice<H: HalfLane, const OP: u8, E: HalfBits>(local: &mut [E], received: &[E]) {
     match OP {
         SUM => {
-            let mut sums = [0f32; BLOCK];
-            let mut rounded = [0u16; BLOCK];
+            // A block at a time: one loop stores the rounded sums (meaningless where an
+            // operand is infinite or NaN), keeps a copy of `local` and finds the largest
+            // magnitude of the operands; only blocks holding an infinity or a NaN then take
+            // `half_sum`'s fix-ups. After such a block, the next one is expected to hold
+            // some too and is summed and fixed up in one loop.
+            let mut saved = [0u16; BLOCK];
+            let mut special = false;
             for (lc, rc) in local.chunks_mut(BLOCK).zip(received.chunks(BLOCK)) {
-                let n = lc.len();
-                let sums = &mut sums[..n];
-                H::add_block(lc, rc, sums);
-                if has_inf_or_nan::<H>(lc) || has_inf_or_nan::<H>(rc) {
-                    let rounded = &mut rounded[..n];
-                    H::narrow_block(sums, rounded);
-                    for ((l, &r), &s) in lc.iter_mut().zip(rc).zip(rounded.iter()) {
-                        *l = half_sum::<H>(s, *l, r);
+                if special {
+                    // The previous block held an infinity or a NaN: sum and fix up at once.
+                    let mut largest = 0i16;
+                    for (l, r) in lc.iter_mut().zip(rc) {
+                        let (a, b) = (l.get(), r.get());
+                        let sum = H::narrow(H::widen_finite(a) + H::widen_finite(b));
+                        *l = E::put(half_sum::<H>(sum, a, b));
+                        largest = largest.max((a & 0x7FFF) as i16).max((b & 0x7FFF) as i16);
                     }
-                } else {
-                    // All finite: the rounded sums are the result (overflow rounds to inf).
-                    H::narrow_block(sums, lc);
+                    special = largest >= H::INF as i16;
+                    continue;
+                }
+                let saved = &mut saved[..lc.len()];
+                // Signed (SSE2's `pmaxsw`): the magnitudes are below 2^15.
+                let mut largest = 0i16;
+                for ((l, r), saved) in lc.iter_mut().zip(rc).zip(saved.iter_mut()) {
+                    let (a, b) = (l.get(), r.get());
+                    *saved = a;
+                    *l = E::put(H::narrow(H::widen_finite(a) + H::widen_finite(b)));
+                    largest = largest.max((a & 0x7FFF) as i16).max((b & 0x7FFF) as i16);
+                }
+                // If every operand is finite, the rounded sums are the result (overflow rounds
+                // to inf); otherwise the block is fixed up.
+                special = largest >= H::INF as i16;
+                if special {
+                    for ((l, r), &a) in lc.iter_mut().zip(rc).zip(&*saved) {
+                        *l = E::put(half_sum::<H>(l.get(), a, r.get()));
+                    }
                 }
             }
         }
         MAX => {
-            for (l, &r) in local.iter_mut().zip(received) {
-                *l = blend(mask(half_lt::<H>(*l, r)), r, *l);
+            for (l, r) in local.iter_mut().zip(received) {
+                let (a, b) = (l.get(), r.get());
+                *l = E::put(blend(mask(half_lt::<H>(a, b)), b, a));
             }
         }
         _ => {
-            for (l, &r) in local.iter_mut().zip(received) {
-                *l = blend(mask(half_lt::<H>(r, *l)), r, *l);
+            for (l, r) in local.iter_mut().zip(received) {
+                let (a, b) = (l.get(), r.get());
+                *l = E::put(blend(mask(half_lt::<H>(b, a)), b, a));
             }
         }
     }
@@ -705,8 +860,10 @@ fn half_combine_slice<H: HalfLane, const OP: u8>(local: &mut [u16], received: &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use half::bf16;
+    use half::{bf16, f16};
     use proptest::prelude::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
     use std::cmp::Ordering;
 
     const INTEGERS: [DType; 8] = [
@@ -1572,6 +1729,187 @@ mod tests {
                         "{:#010x}",
                         x.to_bits()
                     );
+                }
+            }
+        }
+    }
+
+    // ---- float16 conversions ------------------------------------------------------------------
+
+    /// `f32_to_f16(bits)` is `half::f16::from_f32`'s result, unless `bits` is a NaN (for
+    /// which it must only not panic).
+    fn assert_narrows_like_half(bits: u32) {
+        let x = f32::from_bits(bits);
+        let got = f32_to_f16(x);
+        if !x.is_nan() {
+            assert_eq!(got, f16::from_f32(x).to_bits(), "{bits:#010x} ({x:e})");
+        }
+    }
+
+    #[test]
+    fn float16_widening_is_exact_for_every_input() {
+        for bits in 0..=u16::MAX {
+            let want = f16::from_bits(bits).to_f32();
+            let got = f16_to_f32(bits);
+            assert_eq!(got.is_nan(), want.is_nan(), "{bits:#06x}");
+            // `half` keeps a NaN's sign and payload (and sets the quiet bit): NaNs too are
+            // compared bit for bit.
+            assert_eq!(got.to_bits(), want.to_bits(), "{bits:#06x}");
+            if want.is_finite() {
+                assert_eq!(
+                    f16_finite_to_f32(bits).to_bits(),
+                    want.to_bits(),
+                    "{bits:#06x}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn float16_narrowing_matches_half_around_every_rounding_boundary() {
+        // Every finite float16 and the midpoint between it and the next one up (65520, the
+        // overflow threshold, after the largest), with their float32 neighbours, both signs.
+        for bits in 0..0x7C00u16 {
+            let value = f16::from_bits(bits).to_f32();
+            let next = if bits == 0x7BFF {
+                65536.0
+            } else {
+                f16::from_bits(bits + 1).to_f32()
+            };
+            let midpoint = (value + next) / 2.0;
+            assert_eq!(
+                f64::from(midpoint),
+                (f64::from(value) + f64::from(next)) / 2.0,
+                "exact"
+            );
+            for centre in [value.to_bits(), midpoint.to_bits()] {
+                for step in -2..=2 {
+                    if let Some(x) = centre.checked_add_signed(step) {
+                        assert_narrows_like_half(x);
+                        assert_narrows_like_half(x | 0x8000_0000);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn float16_narrowing_matches_half_for_every_float32_exponent() {
+        let mantissas = [
+            0u32,
+            1,
+            2,
+            0x0FFF,
+            0x1000,
+            0x1001,
+            0x1FFF,
+            0x2000,
+            0x2001,
+            0x2FFF,
+            0x3000,
+            0x3001,
+            0x0012_3456,
+            0x002A_AAAA,
+            0x0040_0000,
+            0x0040_1000,
+            0x0055_5555,
+            0x007F_DFFF,
+            0x007F_E000,
+            0x007F_EFFF,
+            0x007F_F000,
+            0x007F_F001,
+            0x007F_FFFF,
+        ];
+        for exponent in 0..=255u32 {
+            for mantissa in mantissas {
+                for sign in [0, 0x8000_0000] {
+                    assert_narrows_like_half(sign | (exponent << 23) | mantissa);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn float16_narrowing_handles_zeros_infinities_overflow_and_the_smallest_subnormals() {
+        let below = |x: f32| f32::from_bits(x.to_bits() - 1);
+        let above = |x: f32| f32::from_bits(x.to_bits() + 1);
+        let tiny = 2f32.powi(-25); // half of the smallest subnormal float16
+        for (x, want) in [
+            (0.0, 0x0000),
+            (f32::INFINITY, 0x7C00),
+            (f32::MAX, 0x7C00),
+            (65504.0, 0x7BFF),
+            (below(65520.0), 0x7BFF),
+            (65520.0, 0x7C00), // the tie between 65504 and 2^16 rounds to even: infinity
+            (above(65520.0), 0x7C00),
+            (65536.0, 0x7C00),
+            (f32::from_bits(1), 0x0000),
+            (2f32.powi(-26), 0x0000),
+            (tiny, 0x0000), // the tie between 0 and 2^-24 rounds to even: 0
+            (above(tiny), 0x0001),
+            (below(2.0 * tiny), 0x0001),
+            (2.0 * tiny, 0x0001),
+            (3.0 * tiny, 0x0002),            // tie, to even
+            (5.0 * tiny, 0x0002),            // tie, to even
+            (7.0 * tiny, 0x0004),            // tie, to even
+            (2f32.powi(-14) - tiny, 0x0400), // tie between 0x03FF and 0x0400
+            (below(2f32.powi(-14) - tiny), 0x03FF),
+            (2f32.powi(-14), 0x0400),
+        ] {
+            assert_eq!(f16::from_f32(x).to_bits(), want, "{x:e} (half)");
+            assert_eq!(f32_to_f16(x), want, "{x:e}");
+            assert_eq!(f32_to_f16(-x), want | 0x8000, "{:e}", -x);
+        }
+        // NaNs give some bits, without panicking.
+        for bits in [
+            0x7F80_0001u32,
+            0x7FC0_0000,
+            0x7FFF_FFFF,
+            0xFF80_0001,
+            0xFFFF_FFFF,
+        ] {
+            std::hint::black_box(f32_to_f16(f32::from_bits(bits)));
+        }
+    }
+
+    #[test]
+    fn float16_narrowing_matches_half_on_random_bit_patterns() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0x00F1_6F16);
+        for _ in 0..2_000_000 {
+            assert_narrows_like_half(rng.next_u32());
+        }
+        // Exponents around float16's range (2^-27 to 2^16), where the rounding happens.
+        for _ in 0..2_000_000 {
+            let bits = rng.next_u32();
+            let exponent = 100 + (bits >> 23 & 0xFF) % 44;
+            assert_narrows_like_half((bits & 0x807F_FFFF) | (exponent << 23));
+        }
+    }
+
+    #[test]
+    fn half_sums_over_unaligned_bytes_match_the_reference() {
+        // Every value as `local`, at byte offsets that leave one or both buffers unaligned
+        // (the kernel then reads and writes byte pairs), for blocks with and without
+        // infinities and NaNs.
+        let local: Vec<u16> = (0..=u16::MAX).collect();
+        let bytes = |xs: &[u16]| xs.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let reversed: Vec<u16> = local.iter().rev().copied().collect();
+        for received in [
+            reversed,
+            vec![0x3C00; local.len()],
+            vec![0x8001; local.len()],
+        ] {
+            for dtype in [DType::F16, DType::BF16] {
+                for (lo, ro) in [(1, 0), (0, 1), (1, 1)] {
+                    check(
+                        Reduction::Sum,
+                        dtype,
+                        &bytes(&local),
+                        &bytes(&received),
+                        lo,
+                        ro,
+                    )
+                    .unwrap();
                 }
             }
         }
