@@ -28,8 +28,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub mod campaign;
 
@@ -343,6 +344,7 @@ impl Sim {
         let shared = Arc::new(Shared {
             world: Mutex::new(World::new(self, seed)),
             turns: (0..size).map(|_| Condvar::new()).collect(),
+            holder: AtomicUsize::new(NOBODY),
         });
         let outcomes: Vec<Outcome<T>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..size)
@@ -545,15 +547,56 @@ struct Shared {
     /// One per rank: the rank waits on its own, so passing the turn wakes only the rank that
     /// gets it (with one shared condition variable every hand-off woke every rank).
     turns: Vec<Condvar>,
+    /// The rank holding the turn ([`NOBODY`] when none), mirrored outside the lock so that a
+    /// waiting rank can watch for its turn without taking the lock or sleeping.
+    holder: AtomicUsize,
 }
 
+/// [`Shared::holder`] when no rank holds the turn.
+const NOBODY: usize = usize::MAX;
+
+/// How long a rank waiting for its turn watches [`Shared::holder`] (yielding the core between
+/// looks) before it sleeps on its condition variable. A hand-off to a sleeping thread waits
+/// for the kernel to wake it, tens of microseconds on a virtual machine whose other core is
+/// idle, and a simulated job hands the turn on at every fragment; a watching rank takes its
+/// turn at once. Only the order of turns is simulated, so this changes no result or trace.
+const WATCH: Duration = Duration::from_micros(50);
+
 impl Shared {
-    /// Wakes the rank the scheduler gave the turn to, if any (`world` is still locked, so it
-    /// cannot miss the wake-up between its check of the turn and its wait).
+    /// Publishes the rank the scheduler gave the turn to and wakes it if it sleeps (`world` is
+    /// still locked, so it cannot miss the wake-up between its check of the turn and its
+    /// wait).
     fn pass(&self, world: &World) {
+        self.holder
+            .store(world.turn.unwrap_or(NOBODY), Ordering::Release);
         if let Some(next) = world.turn {
             self.turns[next].notify_one();
         }
+    }
+
+    /// Returns with `world` locked once `rank` holds the turn: first watching
+    /// [`Shared::holder`] without the lock for up to [`WATCH`], then sleeping on the rank's
+    /// condition variable, always re-checking `turn` under the lock.
+    fn await_turn<'a>(
+        &'a self,
+        mut world: MutexGuard<'a, World>,
+        rank: usize,
+    ) -> MutexGuard<'a, World> {
+        if world.turn == Some(rank) {
+            return world;
+        }
+        drop(world);
+        let since = Instant::now();
+        while self.holder.load(Ordering::Acquire) != rank && since.elapsed() < WATCH {
+            std::thread::yield_now();
+        }
+        world = self.lock();
+        while world.turn != Some(rank) {
+            world = self.turns[rank]
+                .wait(world)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        world
     }
 
     fn lock(&self) -> MutexGuard<'_, World> {
@@ -562,12 +605,7 @@ impl Shared {
 
     /// Blocks the calling rank thread until the scheduler gives it the turn.
     fn wait_turn(&self, rank: usize) {
-        let mut world = self.lock();
-        while world.turn != Some(rank) {
-            world = self.turns[rank]
-                .wait(world)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
+        drop(self.await_turn(self.lock(), rank));
     }
 
     /// Gives the first turn.
@@ -602,12 +640,7 @@ impl Shared {
         if world.turn != Some(rank) {
             self.pass(&world);
         }
-        while world.turn != Some(rank) {
-            world = self.turns[rank]
-                .wait(world)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        world
+        self.await_turn(world, rank)
     }
 
     fn run(
