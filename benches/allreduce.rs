@@ -66,7 +66,7 @@
 use std::error::Error as StdError;
 use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -1374,11 +1374,15 @@ impl Wire {
     fn connect(comm: &impl Collectives, host: &str) -> Result<Self> {
         let (rank, n) = (comm.rank(), comm.size());
         let listener = TcpListener::bind((host, 0))?;
-        let mut addresses = vec![0u8; ADDRESS * n];
-        comm.all_gather(&encode_address(listener.local_addr()?), &mut addresses)?;
+        let mut addresses = vec![0u8; jaccl::tcp::ADDRESS * n];
+        comm.all_gather(
+            &jaccl::tcp::encode_address(listener.local_addr()?),
+            &mut addresses,
+        )?;
         let right_rank = (rank + 1) % n;
-        let right_address =
-            decode_address(&addresses[ADDRESS * right_rank..ADDRESS * (right_rank + 1)]);
+        let right_address = jaccl::tcp::decode_address(
+            &addresses[jaccl::tcp::ADDRESS * right_rank..jaccl::tcp::ADDRESS * (right_rank + 1)],
+        );
         // The listener's backlog takes the connection before anyone accepts.
         let right = TcpStream::connect(right_address)?;
         let (left, _) = listener.accept()?;
@@ -1448,31 +1452,6 @@ impl Wire {
         let _ = self.writer.jobs.send(Job::Stop);
         let _ = self.writer.thread.join();
     }
-}
-
-/// The bytes of one rank's listening address in the wire's all-gather.
-const ADDRESS: usize = 18;
-
-/// `addr` as [`ADDRESS`] bytes: its IPv6 (or IPv4-mapped) address, then its port
-/// (little-endian).
-fn encode_address(addr: SocketAddr) -> [u8; ADDRESS] {
-    let ip = match addr.ip() {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
-    };
-    let mut out = [0u8; ADDRESS];
-    out[..16].copy_from_slice(&ip.octets());
-    out[16..].copy_from_slice(&addr.port().to_le_bytes());
-    out
-}
-
-/// The address [`encode_address`] wrote into `bytes` (IPv4-mapped addresses back as IPv4).
-fn decode_address(bytes: &[u8]) -> SocketAddr {
-    let mut octets = [0u8; 16];
-    octets.copy_from_slice(&bytes[..16]);
-    let v6 = Ipv6Addr::from(octets);
-    let ip = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
-    SocketAddr::new(ip, u16::from_le_bytes([bytes[16], bytes[17]]))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -32,8 +32,8 @@ use crate::tcp::TcpFabric;
 const MAGIC: &[u8; 4] = b"NJT1";
 /// The hello: magic, opener's rank, cable.
 const HELLO: usize = 12;
-/// One rank's address in the all-gather.
-const ADDRESS: usize = 18;
+/// The bytes of one rank's listen address in the all-gather ([`encode_address`]).
+pub const ADDRESS: usize = 18;
 
 /// Cables as `(peer, cable index)`.
 type Cables = Vec<(usize, usize)>;
@@ -60,8 +60,8 @@ pub fn connect(
     let local = listener
         .local_addr()
         .map_err(|e| fail(format!("no listening address: {e}")))?;
-    let gathered = side.all_gather(&encode(local))?;
-    let address = |r: usize| decode(&gathered[r * ADDRESS..(r + 1) * ADDRESS]);
+    let gathered = side.all_gather(&encode_address(local))?;
+    let address = |r: usize| decode_address(&gathered[r * ADDRESS..(r + 1) * ADDRESS]);
 
     // Which cables this rank opens (peer, cable) and how many it accepts per peer.
     let wires = match topology {
@@ -119,7 +119,9 @@ pub fn connect(
     Ok((fabric, topology))
 }
 
-fn encode(addr: SocketAddr) -> [u8; ADDRESS] {
+/// `addr` as [`ADDRESS`] bytes: its IPv6 (or IPv4-mapped) address, then its port
+/// (little-endian).
+pub fn encode_address(addr: SocketAddr) -> [u8; ADDRESS] {
     let mut out = [0u8; ADDRESS];
     let ip = match addr.ip() {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
@@ -130,7 +132,12 @@ fn encode(addr: SocketAddr) -> [u8; ADDRESS] {
     out
 }
 
-fn decode(bytes: &[u8]) -> SocketAddr {
+/// The address [`encode_address`] wrote into the first [`ADDRESS`] bytes of `bytes` (IPv4-mapped
+/// addresses back as IPv4).
+///
+/// # Panics
+/// If `bytes` is shorter than [`ADDRESS`].
+pub fn decode_address(bytes: &[u8]) -> SocketAddr {
     let mut octets = [0u8; 16];
     octets.copy_from_slice(&bytes[..16]);
     let v6 = Ipv6Addr::from(octets);
@@ -217,7 +224,7 @@ mod tests {
     fn addresses_survive_the_gather_encoding() {
         for a in ["127.0.0.1:5000", "[::1]:65535", "10.1.2.3:0"] {
             let addr: SocketAddr = a.parse().unwrap();
-            assert_eq!(decode(&encode(addr)), addr);
+            assert_eq!(decode_address(&encode_address(addr)), addr);
         }
     }
 }
