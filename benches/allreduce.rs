@@ -79,7 +79,7 @@ use nuvec_distributed::fabric::Fabric;
 use nuvec_distributed::jaccl::{
     self, FrameRule, JacclCommunicator, MESH_MAX_PEERS, RING_MAX_CONNS, SideChannel, Topology,
 };
-use nuvec_distributed::reduce::Reduction;
+use nuvec_distributed::reduce::{DTYPES, Reduction};
 use nuvec_distributed::{Options, RingCommunicator, connect_ring, hostfile};
 use nuvec_fabric_sim::{Sim, SimClock, SimFabric};
 
@@ -235,24 +235,6 @@ struct Args {
     /// `--spin`: how long a waiting TCP step keeps looking before it parks.
     spin: Duration,
 }
-
-/// Every dtype `--dtype` accepts, by its MLX name.
-const DTYPES: [DType; 14] = [
-    DType::Bool,
-    DType::U8,
-    DType::U16,
-    DType::U32,
-    DType::U64,
-    DType::I8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::Complex64,
-];
 
 /// `4096`, `4K`, `1M`, `1G` (binary units).
 fn parse_bytes(s: &str) -> Result<usize> {
@@ -437,7 +419,7 @@ fn encode(dtype: DType, v: u64, out: &mut [u8]) {
             out[..4].copy_from_slice(&(v as f32).to_le_bytes());
             out[4..].copy_from_slice(&(v as f32).to_le_bytes());
         }
-        _ => unreachable!("no such dtype in DTYPES"),
+        _ => unreachable!("no such dtype in reduce::DTYPES"),
     }
 }
 
