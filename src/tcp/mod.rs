@@ -24,6 +24,7 @@
 //! socket for it: the stream stays aligned with MLX's.
 
 mod connect;
+mod scratch;
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -40,6 +41,7 @@ use crate::fabric::{
 };
 use crate::log::Log;
 use crate::stream::Reassembly;
+use scratch::Scratch;
 
 /// The scratch buffer of a receive that hands its bytes to the algorithm, per channel.
 const SCRATCH: usize = 256 * 1024;
@@ -48,8 +50,9 @@ const SCRATCH: usize = 256 * 1024;
 struct Link {
     stream: mio::net::TcpStream,
     /// Where bytes of [`Landing::Sink`] receives are read before they are delivered; a tail
-    /// shorter than the grain waits here for the rest of its element.
-    scratch: Vec<u8>,
+    /// shorter than the grain waits here for the rest of its element. Page-aligned: see
+    /// [`scratch`].
+    scratch: Scratch,
 }
 
 /// This rank's connections of a ring, as a [`Fabric`].
@@ -118,7 +121,7 @@ impl TcpFabric {
                 token += 1;
                 row.push(Link {
                     stream,
-                    scratch: Vec::new(),
+                    scratch: Scratch::default(),
                 });
             }
             links.push(row);
@@ -209,12 +212,11 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
             ..
         } => {
             let (len, grain) = (landing.len(), landing.grain());
-            if link.scratch.len() < SCRATCH.min(len) {
-                link.scratch.resize(SCRATCH.min(len).max(grain), 0);
-            }
+            link.scratch.reserve(SCRATCH.min(len).max(grain));
+            let scratch = link.scratch.bytes();
             while !p.stream.is_complete() {
-                let at = p.stream.next_read(link.scratch.len());
-                let read = match link.stream.read(&mut link.scratch[at]) {
+                let at = p.stream.next_read(scratch.len());
+                let read = match link.stream.read(&mut scratch[at]) {
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -222,7 +224,7 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
                     Err(e) => return Err(e),
                 };
                 moved = true;
-                p.stream.absorb(&mut link.scratch, read, |offset, bytes| {
+                p.stream.absorb(scratch, read, |offset, bytes| {
                     landing.deliver(offset, bytes)
                 });
             }
