@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # MLX's ring, nuvec-distributed 0.5.0 and this checkout, all_sum of float32 on 2 and 4 local
-# ranks, every job launched by MLX's own launcher (`mlx.launch --backend ring`), all timed the
-# same way: warm-up, then iterations each after a barrier (a 1-byte all_sum), the time of an
-# iteration being the mean over the ranks, p50 over iterations.
+# ranks, every job started by the same launcher with MLX's launch environment (`--backend
+# ring`: MLX_RANK, MLX_HOSTFILE), all timed the same way: warm-up, then iterations each after
+# a barrier (a 1-byte all_sum), the time of an iteration being the mean over the ranks, p50
+# over iterations.
 #
 #   bash benches/compare.sh                 # sizes 4K,1M,16M; ranks 2 and 4
 #   SIZES=4K,64K,1M RANKS="2 3" REPS=3 bash benches/compare.sh
+#   LAUNCHER=mlx bash benches/compare.sh    # every job under mlx.launch instead
+#
+# Launchers (LAUNCHER): `nuvec` (the default) is this crate's `nuvec-launch`, which sets the
+# same variables as `mlx.launch` and sleeps while the ranks run; `mlx` is MLX's `mlx.launch`
+# from the venv. mlx.launch 0.32.4 keeps about 1.3 cores busy for as long as a job runs (each
+# rank's output thread selects on the rank's standard input pipe, which is always writable, so
+# its loop never waits), so on a 2-core machine every column under it measures how a library
+# copes with a competing busy process more than the library itself.
 #
 # Columns:
 #   mlx        MLX 0.32.4 (.venv), benches/mlx_allsum.py: mx.distributed.all_sum on arrays
@@ -27,7 +36,8 @@ cd "$ROOT"
 SIZES="${SIZES:-4K,1M,16M}"
 RANKS="${RANKS:-2 4}"
 REPS="${REPS:-1}"
-LAUNCH="$ROOT/.venv/bin/mlx.launch"
+LAUNCHER="${LAUNCHER:-nuvec}"
+MLX_LAUNCH="$ROOT/.venv/bin/mlx.launch"
 PYTHON="$ROOT/.venv/bin/python"
 OUT="$ROOT/target/compare"
 mkdir -p "$OUT"
@@ -44,14 +54,21 @@ for line in sys.stdin:
 (cd benches/upstream && cargo build --release --ignore-rust-version --features local \
   --target-dir "$ROOT/target/upstream-bench" >&2)
 UPSTREAM="$ROOT/target/upstream-bench/release/nuvec-upstream-bench"
+cargo build --release --ignore-rust-version --bin nuvec-launch >&2
+case "$LAUNCHER" in
+  nuvec) LAUNCH="$ROOT/target/release/nuvec-launch" ;;
+  mlx) LAUNCH="$MLX_LAUNCH" ;;
+  *) echo "LAUNCHER must be nuvec or mlx, not $LAUNCHER" >&2; exit 2 ;;
+esac
 HAVE_MLX=1
-if [ ! -x "$LAUNCH" ]; then
+if [ ! -x "$MLX_LAUNCH" ]; then
   echo "no MLX venv at .venv (run .ci/setup-venv): the mlx column is skipped, and ranks are" >&2
   echo "started by benches/allreduce.rs's own spawner for the raw/wire columns only" >&2
   HAVE_MLX=0
 fi
+echo "== launcher: $LAUNCH" >&2
 
-# launch NAME N CMD...: one job of N ranks under mlx.launch on fresh ports; rank 0's output
+# launch NAME N CMD...: one job of N ranks under the launcher on fresh ports; rank 0's output
 # goes to $OUT/NAME-N-REP.log and to stderr.
 launch() {
   local name="$1" n="$2" rep="$3"
@@ -59,7 +76,7 @@ launch() {
   local log="$OUT/$name-$n-$rep.log"
   local port=$((20000 + RANDOM % 30000))
   echo "== $name, $n ranks (run $rep): $*" >&2
-  if ! timeout 900 "$LAUNCH" -n "$n" --backend ring -p "$port" -- "$@" >"$log" 2>&1; then
+  if ! timeout 900 "$LAUNCH" -n "$n" --backend ring -p "$port" -- "$@" >"$log" 2>&1 </dev/null; then
     echo "   failed (see $log)" >&2
   fi
   cat "$log" >&2
@@ -102,6 +119,7 @@ for path in sorted(glob.glob(os.path.join(out, "*.log"))):
     n = int(n)
     section = None
     for line in open(path, errors="replace"):
+        line = re.sub(r"^\[rank \d+\] ", "", line)  # nuvec-launch's prefix
         f = line.split()
         if f[:1] == ["ROW"] and len(f) == 7:
             col = {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[f[1]]
