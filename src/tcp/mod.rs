@@ -50,8 +50,8 @@ const SCRATCH: usize = 256 * 1024;
 struct Link {
     stream: mio::net::TcpStream,
     /// Where bytes of [`Landing::Sink`] receives are read before they are delivered; a tail
-    /// shorter than the grain waits here for the rest of its element. Page-aligned: see
-    /// [`scratch`].
+    /// shorter than the grain waits here for the rest of its element. Also where receives
+    /// into a destination the kernel copies slowly into are bounced: see [`scratch`].
     scratch: Scratch,
 }
 
@@ -172,6 +172,18 @@ fn failure(t: &Transfer<'_>, done: usize, e: &io::Error) -> FabricError {
     }
 }
 
+/// Reads into `into` through `scratch`: at most a scratch's worth, then copied into place.
+fn read_through(
+    stream: &mut mio::net::TcpStream,
+    scratch: &mut [u8],
+    into: &mut [u8],
+) -> io::Result<usize> {
+    let n = into.len().min(scratch.len());
+    let read = stream.read(&mut scratch[..n])?;
+    into[..read].copy_from_slice(&scratch[..read]);
+    Ok(read)
+}
+
 /// Moves as many bytes of one transfer as its socket takes now. Returns whether it progressed.
 fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Result<bool> {
     let mut moved = false;
@@ -194,8 +206,19 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
             landing: Landing::Into(buf),
             ..
         } => {
+            // A destination where the kernel's copy is slow is read through the scratch.
+            let bounce = scratch::aliases(buf.as_ptr());
+            if bounce {
+                link.scratch.reserve(scratch::BOUNCE.min(buf.len()));
+            }
             while p.done < buf.len() {
-                match link.stream.read(&mut buf[p.done..]) {
+                let into = &mut buf[p.done..];
+                let read = if bounce {
+                    read_through(&mut link.stream, link.scratch.bytes(), into)
+                } else {
+                    link.stream.read(into)
+                };
+                match read {
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                     Ok(n) => {
                         p.done += n;
