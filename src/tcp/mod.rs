@@ -6,7 +6,8 @@
 //! (epoll or kqueue, through `mio`) until the step's deadline. So both directions of every
 //! connection move at once (full duplex, no deadlock however large the segments), the user's
 //! buffers go to and come from the sockets without copies (but for destinations the kernel
-//! copies into slowly, which are read through the link's scratch: see [`scratch`]), the
+//! copies into slowly, which are read through the link's scratch; the private `scratch`
+//! module says why), the
 //! reduction of received bytes
 //! runs on the calling thread as they arrive, and there is no hand-off between threads to get
 //! wrong or to pay for.
