@@ -819,52 +819,82 @@ impl Shared {
                 departures.push(None);
             }
         }
+        // A step can hold thousands of messages (one per frame), and the rank looks at it
+        // again after every turn, so each look must not walk the whole step: the receives are
+        // queued per channel, and the sends sorted by when their message leaves.
         let mut done = vec![false; step.len()];
+        let mut remaining = step.len();
+        let mut queues: Vec<(Channel, VecDeque<usize>)> = Vec::new();
+        for (i, t) in step.iter().enumerate() {
+            if let Transfer::Recv { channel, .. } = t {
+                match queues.iter_mut().find(|(c, _)| c == channel) {
+                    Some((_, queue)) => queue.push_back(i),
+                    None => queues.push((*channel, VecDeque::from([i]))),
+                }
+            }
+        }
+        let mut sends: Vec<(Duration, usize)> = departures
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.map(|d| (d, i)))
+            .collect();
+        sends.sort_unstable();
+        let mut departed = 0;
+        let mut heads: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::new();
         loop {
             if world.ranks[rank].state == RankState::Crashed {
                 return Err(crash_error(rank, step));
             }
-            let mut blocked: Vec<Channel> = Vec::new();
-            for (i, t) in step.iter_mut().enumerate() {
-                if done[i] {
+            while departed < sends.len() && sends[departed].0 <= world.now {
+                done[sends[departed].1] = true;
+                remaining -= 1;
+                departed += 1;
+            }
+            // Deliver in the order of the step, as a walk over it would: a channel's next
+            // receive is looked at once its earlier ones are done, and a channel with nothing
+            // in its inbox waits for the next look.
+            heads.clear();
+            heads.extend(
+                queues
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(q, (_, queue))| queue.front().map(|&i| Reverse((i, q)))),
+            );
+            while let Some(Reverse((i, q))) = heads.pop() {
+                let channel = queues[q].0;
+                let incoming = world.incoming_mut(rank, channel);
+                let Some((seq, bytes)) = incoming.inbox.pop_front() else {
                     continue;
+                };
+                let expected = incoming.expect;
+                incoming.expect = seq + 1;
+                let t = &mut step[i];
+                let Transfer::Recv { landing, .. } = t else {
+                    unreachable!("only receives are queued");
+                };
+                let want = landing.len();
+                if seq != expected {
+                    let kind = FailureKind::Lost { expected, got: seq };
+                    return Err(fail(t, 0, kind));
                 }
-                match t {
-                    Transfer::Send { .. } => {
-                        done[i] = departures[i].is_some_and(|d| d <= world.now);
-                    }
-                    Transfer::Recv { channel, landing } => {
-                        if blocked.contains(channel) {
-                            continue;
-                        }
-                        let channel = *channel;
-                        let incoming = world.incoming_mut(rank, channel);
-                        let Some((seq, bytes)) = incoming.inbox.pop_front() else {
-                            blocked.push(channel);
-                            continue;
-                        };
-                        let expected = incoming.expect;
-                        incoming.expect = seq + 1;
-                        let want = landing.len();
-                        if seq != expected {
-                            let kind = FailureKind::Lost { expected, got: seq };
-                            return Err(fail(t, 0, kind));
-                        }
-                        if bytes.len() != want {
-                            let kind = FailureKind::MessageSize {
-                                want,
-                                got: bytes.len(),
-                            };
-                            return Err(fail(t, 0, kind));
-                        }
-                        landing.deliver(0, &bytes);
-                        done[i] = true;
-                        world.heard[rank][channel.peer] = Some(world.now);
-                        world.hash(&[2, rank as u64, channel.peer as u64, seq]);
-                    }
+                if bytes.len() != want {
+                    let kind = FailureKind::MessageSize {
+                        want,
+                        got: bytes.len(),
+                    };
+                    return Err(fail(t, 0, kind));
+                }
+                landing.deliver(0, &bytes);
+                done[i] = true;
+                remaining -= 1;
+                world.heard[rank][channel.peer] = Some(world.now);
+                world.hash(&[2, rank as u64, channel.peer as u64, seq]);
+                queues[q].1.pop_front();
+                if let Some(&next) = queues[q].1.front() {
+                    heads.push(Reverse((next, q)));
                 }
             }
-            if done.iter().all(|&d| d) {
+            if remaining == 0 {
                 let now = world.now.as_nanos() as u64;
                 world.hash(&[3, rank as u64, now]);
                 world.ranks[rank].state = RankState::Ready;
