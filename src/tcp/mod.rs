@@ -174,13 +174,14 @@ fn failure(t: &Transfer<'_>, done: usize, e: &io::Error) -> FabricError {
     }
 }
 
-/// Reads into `into` through `scratch`: at most a scratch's worth, then copied into place.
+/// Reads into `into` through `scratch`: at most [`scratch::BOUNCE`] bytes (and what the
+/// scratch holds), then copied into place.
 fn read_through(
     stream: &mut mio::net::TcpStream,
     scratch: &mut [u8],
     into: &mut [u8],
 ) -> io::Result<usize> {
-    let n = into.len().min(scratch.len());
+    let n = into.len().min(scratch.len()).min(scratch::BOUNCE);
     let read = stream.read(&mut scratch[..n])?;
     into[..read].copy_from_slice(&scratch[..read]);
     Ok(read)
