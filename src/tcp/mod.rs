@@ -8,8 +8,7 @@
 //! buffers go to and come from the sockets without copies (but for destinations the kernel
 //! copies into slowly, which are read through the link's scratch; the private `scratch`
 //! module says why), the reduction of received bytes runs on the calling thread as they
-//! arrive, and there is no hand-off between threads to get
-//! wrong or to pay for.
+//! arrive, and there is no hand-off between threads to get wrong or to pay for.
 //!
 //! Before it parks, a step that cannot progress keeps looking for [`DEFAULT_SPIN`] (100 µs;
 //! [`Options::spin`](crate::Options::spin), `NUVEC_DISTRIBUTED_SPIN_US`), calling
