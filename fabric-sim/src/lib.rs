@@ -1251,6 +1251,7 @@ impl World {
             let wire = self.channels.get_mut(&key).expect("wire exists");
             let bytes = wire.outbox.make_contiguous()[..size].to_vec();
             wire.outbox.drain(..size);
+            let emptied = wire.outbox.is_empty();
             let start = wire.busy_until.max(now);
             let on_wire = Duration::from_nanos((size as u128 * 1_000_000_000 / bps as u128) as u64);
             wire.busy_until = start + on_wire;
@@ -1264,7 +1265,11 @@ impl World {
                 wire.record.extend_from_slice(&bytes);
             }
             wire.in_flight.push_back((arrival, bytes));
-            self.ranks[key.0].dirty = true;
+            // The sender's sends complete when the last queued byte is on the wire; a look at
+            // every fragment before that would find nothing to do.
+            if emptied {
+                self.ranks[key.0].dirty = true;
+            }
             self.at(
                 arrival,
                 Event::Arrive {
