@@ -175,7 +175,7 @@ pub fn connect_jaccl(
         }
         #[cfg(feature = "jaccl")]
         JacclFabric::Rdma => {
-            let rdma = jaccl::rdma::RdmaFabric::connect(config, &mut side, options.timeout)?;
+            let rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
             Ok(jaccl_group(rdma, topology, rule, options.timeout, log))
         }
         #[cfg(not(feature = "jaccl"))]

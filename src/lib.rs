@@ -65,6 +65,7 @@ pub mod ring;
 pub mod stream;
 mod sync;
 pub mod tcp;
+mod transport;
 
 pub use backend::{Backend, JacclFabric, RingGroup, connect_jaccl, connect_ring, is_available};
 pub use comm::RingCommunicator;

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use nuvec_distributed::Error;
 use nuvec_distributed::fabric::{Channel, ChannelKind, Fabric, Landing, Transfer, Wiring};
-use nuvec_distributed::jaccl::rdma::{self, MAX_FRAME, RdmaFabric};
+use nuvec_distributed::jaccl::rdma::{self, MAX_FRAME};
 use nuvec_distributed::jaccl::{self, Config, SideChannel, Topology};
 
 /// The timeout of the side channel and the bring-up.
@@ -56,7 +56,7 @@ fn a_side_channel_of_another_group_is_refused_before_any_device_is_opened() {
     let devices = mesh_matrix(2, "rdma_nonexistent");
     let config = Config::new(0, devices).coordinator("127.0.0.1:1");
     let mut side = SideChannel::connect("127.0.0.1:1", 0, 1, TIMEOUT).unwrap();
-    let e = RdmaFabric::connect(&config, &mut side, TIMEOUT).unwrap_err();
+    let e = rdma::connect(&config, &mut side, TIMEOUT).unwrap_err();
     assert!(
         matches!(&e, Error::InvalidArgument { rank: 0, .. })
             && e.to_string()
@@ -75,7 +75,7 @@ fn connecting_over_a_device_that_does_not_exist_names_the_device_and_the_peer() 
                 let config =
                     Config::new(rank, mesh_matrix(2, "rdma_nonexistent")).coordinator(&coordinator);
                 let mut side = SideChannel::connect(&coordinator, rank, 2, TIMEOUT)?;
-                RdmaFabric::connect(&config, &mut side, TIMEOUT).map(|_| ())
+                rdma::connect(&config, &mut side, TIMEOUT).map(|_| ())
             })
         })
         .collect();
@@ -110,9 +110,9 @@ fn every_peer_receives_the_frames_sent_to_it_on_every_channel() {
     let (rank, size) = (config.rank(), config.size());
     let coordinator = config.coordinator_address().unwrap().to_owned();
     let mut side = SideChannel::connect(&coordinator, rank, size, TIMEOUT).unwrap();
-    let mut fabric = RdmaFabric::connect(&config, &mut side, TIMEOUT).unwrap();
+    let mut fabric = rdma::connect(&config, &mut side, TIMEOUT).unwrap();
     assert_eq!(fabric.kind(), ChannelKind::Message);
-    let wiring = match fabric.topology() {
+    let wiring = match config.topology().unwrap() {
         Topology::Mesh => Wiring::mesh(size, 1),
         Topology::Ring { wires } => Wiring::ring(size, wires),
     };
