@@ -1,0 +1,210 @@
+//! The provider's configuration, read from the environment once per process.
+//!
+//! Every knob is an environment variable because the provider is loaded by `dlopen` into a
+//! process that does not know it is talking to a simulation: the launcher that starts the ranks
+//! is the only place a test can say what the fabric should look like. A bad value is reported
+//! on stderr, naming the variable, and makes `ibv_get_device_list` fail with `EINVAL`, so that a
+//! typo cannot silently run a test without the fault it asked for.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The device names listed when `NUVEC_VERBS_EMU_DEVICES` is not set.
+pub(crate) const DEFAULT_DEVICE_COUNT: usize = 8;
+
+/// The longest device name accepted (rdma-core's `IBV_SYSFS_NAME_MAX` is 64 with its NUL).
+pub(crate) const MAX_DEVICE_NAME: usize = 63;
+
+/// What the environment asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Config {
+    /// The device names, in listing order (`NUVEC_VERBS_EMU_DEVICES`).
+    pub(crate) devices: Vec<String>,
+    /// Whether GID index 1 is left empty instead of holding an IPv4-mapped GID
+    /// (`NUVEC_VERBS_EMU_NO_IPV4=1`).
+    pub(crate) no_ipv4: bool,
+    /// The probability that a sent message is lost (`NUVEC_VERBS_EMU_LOSS`).
+    pub(crate) loss: f64,
+    /// The seed of the loss generator (`NUVEC_VERBS_EMU_SEED`).
+    pub(crate) seed: u64,
+    /// The work request, counting from 1 over the process, that completes in error
+    /// (`NUVEC_VERBS_EMU_FAIL_WR`).
+    pub(crate) fail_wr: Option<u64>,
+    /// The number of sent messages after which the process kills itself
+    /// (`NUVEC_VERBS_EMU_DIE_AFTER`).
+    pub(crate) die_after: Option<u64>,
+    /// Where `ibv_close_device` appends its accounting line (`NUVEC_VERBS_EMU_LEDGER`).
+    pub(crate) ledger: Option<PathBuf>,
+}
+
+impl Config {
+    /// Parses the configuration from a variable lookup (the environment, or a table in tests).
+    ///
+    /// Returns a message naming the first variable whose value is bad.
+    pub(crate) fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let devices = match get("NUVEC_VERBS_EMU_DEVICES") {
+            None => (0..DEFAULT_DEVICE_COUNT)
+                .map(|i| format!("rdma_en{i}"))
+                .collect(),
+            Some(list) => parse_devices(&list)?,
+        };
+        let no_ipv4 = match get("NUVEC_VERBS_EMU_NO_IPV4").as_deref() {
+            None | Some("") | Some("0") => false,
+            Some("1") => true,
+            Some(other) => {
+                return Err(format!(
+                    "NUVEC_VERBS_EMU_NO_IPV4 must be 0 or 1, not {other:?}"
+                ));
+            }
+        };
+        let loss = match get("NUVEC_VERBS_EMU_LOSS") {
+            None => 0.0,
+            Some(text) => match text.trim().parse::<f64>() {
+                Ok(p) if (0.0..=1.0).contains(&p) => p,
+                _ => {
+                    return Err(format!(
+                        "NUVEC_VERBS_EMU_LOSS must be a probability between 0 and 1, not {text:?}"
+                    ));
+                }
+            },
+        };
+        let seed = match get("NUVEC_VERBS_EMU_SEED") {
+            None => 0,
+            Some(text) => text.trim().parse::<u64>().map_err(|_| {
+                format!("NUVEC_VERBS_EMU_SEED must be an unsigned 64-bit integer, not {text:?}")
+            })?,
+        };
+        let fail_wr = positive(&get, "NUVEC_VERBS_EMU_FAIL_WR")?;
+        let die_after = positive(&get, "NUVEC_VERBS_EMU_DIE_AFTER")?;
+        let ledger = match get("NUVEC_VERBS_EMU_LEDGER") {
+            None => None,
+            Some(path) if path.is_empty() => {
+                return Err("NUVEC_VERBS_EMU_LEDGER must be a file path, not empty".to_owned());
+            }
+            Some(path) => Some(PathBuf::from(path)),
+        };
+        Ok(Config {
+            devices,
+            no_ipv4,
+            loss,
+            seed,
+            fail_wr,
+            die_after,
+            ledger,
+        })
+    }
+}
+
+/// Parses a positive count (`k >= 1`) from a variable, if set.
+fn positive(get: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<u64>, String> {
+    match get(name) {
+        None => Ok(None),
+        Some(text) => match text.trim().parse::<u64>() {
+            Ok(k) if k >= 1 => Ok(Some(k)),
+            _ => Err(format!(
+                "{name} must be a positive integer (counting from 1), not {text:?}"
+            )),
+        },
+    }
+}
+
+/// Parses `NUVEC_VERBS_EMU_DEVICES`: comma-separated, unique, non-empty names.
+fn parse_devices(list: &str) -> Result<Vec<String>, String> {
+    let mut names: Vec<String> = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        let ok = !name.is_empty()
+            && name.len() <= MAX_DEVICE_NAME
+            && name.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+        if !ok {
+            return Err(format!(
+                "NUVEC_VERBS_EMU_DEVICES must be comma-separated device names of 1 to \
+                 {MAX_DEVICE_NAME} printable characters without '/', not {list:?}"
+            ));
+        }
+        if names.iter().any(|n| n == name) {
+            return Err(format!(
+                "NUVEC_VERBS_EMU_DEVICES names {name:?} twice in {list:?}"
+            ));
+        }
+        names.push(name.to_owned());
+    }
+    Ok(names)
+}
+
+/// The process's configuration, read from the environment on first use.
+pub(crate) fn get() -> &'static Result<Config, String> {
+    static CONFIG: OnceLock<Result<Config, String>> = OnceLock::new();
+    CONFIG.get_or_init(|| {
+        let parsed = Config::from_lookup(|name| std::env::var(name).ok());
+        if let Err(message) = &parsed {
+            eprintln!("nuvec-verbs-emu: {message}");
+        }
+        parsed
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Result<Config, String> {
+        Config::from_lookup(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
+    #[test]
+    fn without_variables_eight_devices_and_no_faults() {
+        let config = with(&[]).unwrap();
+        assert_eq!(config.devices.len(), 8);
+        assert_eq!(config.devices[0], "rdma_en0");
+        assert_eq!(config.devices[7], "rdma_en7");
+        assert!(!config.no_ipv4);
+        assert_eq!(config.loss, 0.0);
+        assert_eq!(config.fail_wr, None);
+        assert_eq!(config.die_after, None);
+        assert_eq!(config.ledger, None);
+    }
+
+    #[test]
+    fn every_bad_value_names_its_variable() {
+        for (name, value) in [
+            ("NUVEC_VERBS_EMU_DEVICES", ""),
+            ("NUVEC_VERBS_EMU_DEVICES", "a,,b"),
+            ("NUVEC_VERBS_EMU_DEVICES", "a,a"),
+            ("NUVEC_VERBS_EMU_NO_IPV4", "yes"),
+            ("NUVEC_VERBS_EMU_LOSS", "1.5"),
+            ("NUVEC_VERBS_EMU_LOSS", "NaN"),
+            ("NUVEC_VERBS_EMU_SEED", "-1"),
+            ("NUVEC_VERBS_EMU_FAIL_WR", "0"),
+            ("NUVEC_VERBS_EMU_DIE_AFTER", "x"),
+            ("NUVEC_VERBS_EMU_LEDGER", ""),
+        ] {
+            let message = with(&[(name, value)]).unwrap_err();
+            assert!(message.contains(name), "{message}");
+        }
+    }
+
+    #[test]
+    fn good_values_are_taken() {
+        let config = with(&[
+            ("NUVEC_VERBS_EMU_DEVICES", "rdma_en3, rdma_en5"),
+            ("NUVEC_VERBS_EMU_NO_IPV4", "1"),
+            ("NUVEC_VERBS_EMU_LOSS", "0.25"),
+            ("NUVEC_VERBS_EMU_SEED", "42"),
+            ("NUVEC_VERBS_EMU_FAIL_WR", "3"),
+            ("NUVEC_VERBS_EMU_DIE_AFTER", "9"),
+            ("NUVEC_VERBS_EMU_LEDGER", "ledger.txt"),
+        ])
+        .unwrap();
+        assert_eq!(config.devices, ["rdma_en3", "rdma_en5"]);
+        assert!(config.no_ipv4);
+        assert_eq!(config.loss, 0.25);
+        assert_eq!(config.seed, 42);
+        assert_eq!(config.fail_wr, Some(3));
+        assert_eq!(config.die_after, Some(9));
+        assert_eq!(config.ledger, Some(PathBuf::from("ledger.txt")));
+    }
+}

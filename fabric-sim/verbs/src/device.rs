@@ -1,0 +1,190 @@
+//! Devices, their one port and their GID tables.
+//!
+//! Each device name of the configuration is one device, listed in order. A device has one
+//! port (port 1), active, LID 0 (Thunderbolt has no subnet manager, so routes are global), a
+//! partition key table of one entry and a GID table of two: index 0 a link-local `fe80::` GID,
+//! index 1 an IPv4-mapped `::ffff:127.x.y.z` GID, or nothing with `NUVEC_VERBS_EMU_NO_IPV4=1`
+//! (the entry reads as the zero GID, as rdma-core reports unpopulated entries, and an address
+//! vector naming it as its source GID is refused).
+//!
+//! The GID is only a label: the provider's transport is not IP. Both GIDs of a (process,
+//! device) carry the 24-bit id of that pair's endpoint (see [`crate::transport`]) in their last
+//! three bytes, so a peer reaches the same endpoint whichever of the two it was given.
+
+use crate::config;
+use crate::qp_state::PortView;
+use crate::transport::Endpoint;
+use core::ffi::c_int;
+use nuvec_verbs_abi::*;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The length of every device's GID table.
+pub(crate) const GID_TBL_LEN: u8 = 2;
+
+/// The length of every device's partition key table.
+pub(crate) const PKEY_TBL_LEN: u16 = 1;
+
+/// The largest MTU of every port.
+pub(crate) const PORT_MTU: ibv_mtu = IBV_MTU_4096;
+
+/// The largest message a send may carry (2 GiB, rdma-core's usual `max_msg_sz`).
+pub(crate) const MAX_MSG_SZ: u32 = 1 << 31;
+
+/// The middle bytes of the link-local GID's interface id: a locally administered EUI-64
+/// (`02:4e:56`, "NV") with the `ff:fe` filler, followed by the endpoint's 24-bit id.
+const LINK_LOCAL_TAG: [u8; 5] = [0x02, 0x4e, 0x56, 0xff, 0xfe];
+
+/// A device of the listing.
+#[derive(Debug)]
+pub(crate) struct Device {
+    /// Its position in the listing.
+    pub(crate) index: usize,
+    /// Its name.
+    pub(crate) name: CString,
+    /// The process's endpoint on this device, bound when it is first opened and kept for the
+    /// life of the process.
+    endpoint: Mutex<Option<Arc<Endpoint>>>,
+}
+
+impl Device {
+    /// The process's endpoint on this device, bound on first use.
+    pub(crate) fn endpoint(&self) -> Result<Arc<Endpoint>, c_int> {
+        let mut slot = self.endpoint.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(endpoint) = slot.as_ref() {
+            return Ok(Arc::clone(endpoint));
+        }
+        let endpoint = Endpoint::bind().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        *slot = Some(Arc::clone(&endpoint));
+        Ok(endpoint)
+    }
+}
+
+/// The process's devices, or `EINVAL` when the configuration is bad (the message has been
+/// printed).
+pub(crate) fn devices() -> Result<&'static [Device], c_int> {
+    static DEVICES: OnceLock<Vec<Device>> = OnceLock::new();
+    let config = config::get().as_ref().map_err(|_| libc::EINVAL)?;
+    Ok(DEVICES.get_or_init(|| {
+        config
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(index, name)| Device {
+                index,
+                // The configuration refuses names with NUL bytes (only printable ASCII).
+                name: CString::new(name.as_bytes()).unwrap_or_default(),
+                endpoint: Mutex::new(None),
+            })
+            .collect()
+    }))
+}
+
+/// The device a listing pointer points at.
+pub(crate) fn device_at(ptr: *mut ibv_device) -> Option<&'static Device> {
+    devices()
+        .ok()?
+        .iter()
+        .find(|d| core::ptr::eq(*d as *const Device as *const ibv_device, ptr))
+}
+
+/// The listing pointer of a device.
+pub(crate) fn device_ptr(device: &'static Device) -> *mut ibv_device {
+    device as *const Device as *mut ibv_device
+}
+
+/// Whether GID index 1 is left empty.
+fn no_ipv4() -> bool {
+    config::get().as_ref().is_ok_and(|c| c.no_ipv4)
+}
+
+/// The GID table of the endpoint with 24-bit id `id`.
+pub(crate) fn gid_table(id: u32, no_ipv4: bool) -> [ibv_gid; GID_TBL_LEN as usize] {
+    let [_, x, y, z] = id.to_be_bytes();
+    let mut link_local = [0u8; 16];
+    link_local[..2].copy_from_slice(&[0xfe, 0x80]);
+    link_local[8..13].copy_from_slice(&LINK_LOCAL_TAG);
+    link_local[13..].copy_from_slice(&[x, y, z]);
+    let mut mapped = [0u8; 16];
+    if !no_ipv4 {
+        mapped[10..].copy_from_slice(&[0xff, 0xff, 127, x, y, z]);
+    }
+    [ibv_gid { raw: link_local }, ibv_gid { raw: mapped }]
+}
+
+/// The process's GID table for an endpoint.
+pub(crate) fn gids_of(endpoint: &Endpoint) -> [ibv_gid; GID_TBL_LEN as usize] {
+    gid_table(endpoint.id, no_ipv4())
+}
+
+/// The port as the state machine checks modifications against it.
+pub(crate) fn port_view() -> PortView {
+    PortView {
+        active_mtu: PORT_MTU,
+        pkey_tbl_len: PKEY_TBL_LEN,
+        gid_tbl_len: GID_TBL_LEN,
+        gid_populated: if no_ipv4() { 0b01 } else { 0b11 },
+    }
+}
+
+/// The endpoint id a destination GID names, if it is one of this provider's GIDs.
+pub(crate) fn endpoint_of(gid: &ibv_gid) -> Option<u32> {
+    // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
+    let raw = unsafe { gid.raw };
+    let id = u32::from_be_bytes([0, raw[13], raw[14], raw[15]]);
+    let mapped = raw[..10].iter().all(|&b| b == 0) && raw[10..13] == [0xff, 0xff, 127];
+    let link_local = raw[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] && raw[8..13] == LINK_LOCAL_TAG;
+    (mapped || link_local).then_some(id)
+}
+
+/// The port's attributes (the whole struct; `ibv_query_port` copies its compatibility part).
+pub(crate) fn port_attr() -> ibv_port_attr {
+    ibv_port_attr {
+        state: IBV_PORT_ACTIVE,
+        max_mtu: PORT_MTU,
+        active_mtu: PORT_MTU,
+        gid_tbl_len: c_int::from(GID_TBL_LEN),
+        port_cap_flags: 0,
+        max_msg_sz: MAX_MSG_SZ,
+        pkey_tbl_len: PKEY_TBL_LEN,
+        lid: 0,
+        sm_lid: 0,
+        lmc: 0,
+        max_vl_num: 1,
+        active_width: 1,
+        active_speed: 1,
+        phys_state: 5,
+        // IBV_LINK_LAYER_ETHERNET: routes are global, as with RoCE.
+        link_layer: 2,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_gids_name_the_same_endpoint() {
+        let [link_local, mapped] = gid_table(0xabcdef, false);
+        assert_eq!(endpoint_of(&link_local), Some(0xabcdef));
+        assert_eq!(endpoint_of(&mapped), Some(0xabcdef));
+        // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
+        let raw = unsafe { mapped.raw };
+        assert_eq!(raw[10..], [0xff, 0xff, 127, 0xab, 0xcd, 0xef]);
+    }
+
+    #[test]
+    fn without_ipv4_index_one_is_empty_and_names_nothing() {
+        let [link_local, empty] = gid_table(0x123456, true);
+        assert_eq!(endpoint_of(&link_local), Some(0x123456));
+        assert_eq!(endpoint_of(&empty), None);
+    }
+
+    #[test]
+    fn foreign_gids_name_nothing() {
+        let mut raw = [0u8; 16];
+        raw[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 1]);
+        assert_eq!(endpoint_of(&ibv_gid { raw }), None);
+    }
+}
