@@ -67,10 +67,9 @@
 //!   op, 2 to 8 ranks, 1 to 4 wires, both frame rules and sizes around every threshold; the
 //!   exact list of messages on every queue pair; and under lost messages, error completions,
 //!   dead or stalled peers and UC's drop rule, every rank fails naming a peer by its deadline
-//!   and none returns wrong data. That last guarantee rests on the simulator numbering its
-//!   messages, as RDMA immediate data can: the RDMA fabric does not number them yet, so on
-//!   hardware a lost frame could let the next one take its place unnoticed (UC's limitation,
-//!   which MLX shares).
+//!   and none returns wrong data. That last guarantee rests on numbered messages: the
+//!   simulator numbers them, and the RDMA fabric sends each with its number as immediate data
+//!   (a difference from MLX, whose lost frame lets the next one take its place unnoticed).
 //! - Across processes over TCP (`tests/jaccl_processes.rs`): meshes of 2 to 4 ranks and rings
 //!   of 2 to 4 ranks with 1 or 2 wires, through `nuvec_distributed::init` and
 //!   `nuvec_core::distributed`, and a lost peer.

@@ -641,6 +641,13 @@ pub const IBV_WC_SEND: ibv_wc_opcode = 0;
 /// `IBV_WC_RECV`.
 pub const IBV_WC_RECV: ibv_wc_opcode = 1 << 7;
 
+/// `enum ibv_wc_flags`.
+pub type ibv_wc_flags = c_uint;
+/// `IBV_WC_GRH`: the received message had a global routing header.
+pub const IBV_WC_GRH: ibv_wc_flags = 1;
+/// `IBV_WC_WITH_IMM`: the completion carries immediate data.
+pub const IBV_WC_WITH_IMM: ibv_wc_flags = 1 << 1;
+
 /// `struct ibv_wc`: a work completion.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -272,6 +272,7 @@ impl Fabric for RdmaFabric {
                                 frame: index,
                                 error: wc.error,
                                 len: wc.len,
+                                seq: wc.seq,
                             });
                             if wc.error.is_none()
                                 && let Some(heard) = self.heard.get_mut(qp.channel.peer)
@@ -305,6 +306,13 @@ impl Fabric for RdmaFabric {
                             status_name(status),
                             qp.what
                         ));
+                        return Err(failure(step, t, &done, kind));
+                    }
+                    if let Err((expected, got)) = qp.take_in_order(arrival.seq) {
+                        let kind = FailureKind::Lost {
+                            expected: u64::from(expected),
+                            got: u64::from(got),
+                        };
                         return Err(failure(step, t, &done, kind));
                     }
                     let want = step[t].len();

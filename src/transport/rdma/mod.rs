@@ -42,6 +42,15 @@
 //!   again once delivered. So a receive takes exactly one message: its completion status must
 //!   be success (else `FailureKind::Completion` naming the status) and its length must be the
 //!   receive's (else `FailureKind::MessageSize`); the bytes are handed to the landing at once.
+//! - **Difference from MLX: messages are numbered.** Each send is an
+//!   `IBV_WR_SEND_WITH_IMM` whose immediate data is the queue pair's message count (0, 1, 2 …,
+//!   big-endian, wrapping), and a received message that carries one must carry the number
+//!   due, else the receive fails with `FailureKind::Lost`: on UC a lost message is otherwise
+//!   replaced, without a word, by the next one, and the collective would return wrong data.
+//!   The bytes and the message count on the wire are MLX's; MLX's peers post the same receives
+//!   and ignore the immediate data, and a message from them carries none, so it is taken
+//!   unchecked. A provider that refuses immediate data on the first send (`EINVAL` or
+//!   `EOPNOTSUPP`) gets plain SENDs from then on.
 //! - Transfers of no bytes complete at once and move nothing (no message).
 //! - Completions are busy-polled; the step's deadline is checked against the fabric's
 //!   monotonic clock. When it passes, the step fails with `FailureKind::TimedOut` naming the

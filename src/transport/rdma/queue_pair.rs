@@ -105,6 +105,8 @@ pub(crate) struct Arrival {
     /// `None` on success, else the status and the vendor error.
     pub(crate) error: Option<(abi::ibv_wc_status, u32)>,
     pub(crate) len: usize,
+    /// The message's sequence number, when the sender numbered it.
+    pub(crate) seq: Option<u32>,
 }
 
 /// The data-path entries of a device context's operation table (the inline `ibv_post_send`,
@@ -121,6 +123,8 @@ pub(crate) struct Completion {
     pub(crate) id: u64,
     pub(crate) error: Option<(abi::ibv_wc_status, u32)>,
     pub(crate) len: usize,
+    /// The immediate data of a received message: the sender's sequence number.
+    pub(crate) seq: Option<u32>,
 }
 
 impl Completion {
@@ -129,6 +133,7 @@ impl Completion {
             id: wc.wr_id,
             error: (wc.status != abi::IBV_WC_SUCCESS).then_some((wc.status, wc.vendor_err)),
             len: wc.byte_len as usize,
+            seq: (wc.wc_flags & abi::IBV_WC_WITH_IMM != 0).then(|| u32::from_be(wc.imm_data)),
         }
     }
 }
@@ -151,6 +156,35 @@ pub(crate) struct Qp {
     pub(crate) arrived: VecDeque<Arrival>,
     /// This queue pair's details for the peer.
     pub(crate) local: Local,
+    /// Whether sends carry their sequence number as immediate data (until the provider
+    /// refuses `IBV_WR_SEND_WITH_IMM`).
+    numbered: bool,
+    /// Messages posted so far, wrapping: the next send's sequence number.
+    sent: u32,
+    /// The sequence numbers of received messages.
+    inbound: InOrder,
+}
+
+/// The sequence numbers a queue pair's received messages must carry: 0, 1, 2 … wrapping at
+/// 2³², one per message, so that a lost message is noticed when the next one arrives in its
+/// place (UC delivers it to the next posted receive without a word).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct InOrder {
+    expected: u32,
+}
+
+impl InOrder {
+    /// Counts one received message that carried `seq`: `Err((expected, got))` when it is not
+    /// the one due. A message without a number (from a peer that does not number, as MLX's
+    /// C++) is taken as it comes.
+    pub(crate) fn take(&mut self, seq: Option<u32>) -> Result<(), (u32, u32)> {
+        let expected = self.expected;
+        self.expected = expected.wrapping_add(1);
+        match seq {
+            Some(got) if got != expected => Err((expected, got)),
+            _ => Ok(()),
+        }
+    }
 }
 
 // SAFETY: the verbs objects behind the pointers are not tied to the thread that created them
@@ -217,6 +251,9 @@ impl Qp {
             recv: Vec::new(),
             arrived: VecDeque::new(),
             local: Local::default(),
+            numbered: true,
+            sent: 0,
+            inbound: InOrder::default(),
         };
         qp.ctx = open_device(verbs, device)?;
         qp.ops = Some(qp.read_ops()?);
@@ -465,7 +502,13 @@ impl Qp {
         Ok(())
     }
 
-    /// Stages `data` into free send slot `slot` and posts it as one signaled SEND.
+    /// Counts a received message carrying `seq` ([`InOrder::take`]).
+    pub(crate) fn take_in_order(&mut self, seq: Option<u32>) -> Result<(), (u32, u32)> {
+        self.inbound.take(seq)
+    }
+
+    /// Stages `data` into free send slot `slot` and posts it as one signaled SEND carrying
+    /// its sequence number as immediate data (a plain SEND once the provider refused that).
     pub(crate) fn post_send(&mut self, slot: usize, data: &[u8]) -> Result<(), String> {
         let ops = self.ops()?;
         let f = &mut self.send[slot];
@@ -475,20 +518,39 @@ impl Qp {
             length: data.len() as u32,
             lkey: f.lkey,
         };
-        let mut wr = abi::ibv_send_wr {
-            wr_id: WR_SEND << 32 | slot as u64,
-            next: ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode: abi::IBV_WR_SEND,
-            send_flags: abi::IBV_SEND_SIGNALED,
-            ..Default::default()
-        };
-        let mut bad = ptr::null_mut();
-        // SAFETY: `qp` is a live queue pair of the context whose table `post_send` came from;
-        // `wr` and `sge` are valid for the call, and the frame stays registered and is not
-        // written until its completion is polled.
-        let rc = unsafe { (ops.post_send)(self.qp, &mut wr, &mut bad) };
+        let mut rc;
+        loop {
+            let (opcode, imm_data) = if self.numbered {
+                (abi::IBV_WR_SEND_WITH_IMM, self.sent.to_be())
+            } else {
+                (abi::IBV_WR_SEND, 0)
+            };
+            let mut wr = abi::ibv_send_wr {
+                wr_id: WR_SEND << 32 | slot as u64,
+                next: ptr::null_mut(),
+                sg_list: &mut sge,
+                num_sge: 1,
+                opcode,
+                send_flags: abi::IBV_SEND_SIGNALED,
+                imm_data,
+                ..Default::default()
+            };
+            let mut bad = ptr::null_mut();
+            // SAFETY: `qp` is a live queue pair of the context whose table `post_send` came
+            // from; `wr` and `sge` are valid for the call, and the frame stays registered and
+            // is not written until its completion is polled.
+            rc = unsafe { (ops.post_send)(self.qp, &mut wr, &mut bad) };
+            // A provider without immediate data on UC refuses the first numbered send: from
+            // then on this queue pair sends plain SENDs, as MLX, and its peer checks nothing.
+            if rc != 0 && self.numbered && self.sent == 0 && refuses_immediate(rc) {
+                self.numbered = false;
+                continue;
+            }
+            break;
+        }
+        if rc == 0 {
+            self.sent = self.sent.wrapping_add(1);
+        }
         if rc != 0 {
             return Err(format!(
                 "ibv_post_send of {} bytes failed: {}",
@@ -514,6 +576,20 @@ impl Qp {
         out.extend(wcs[..n].iter().map(Completion::of));
         Ok(())
     }
+}
+
+/// Whether `post_send`'s error `rc` says that the operation is not supported (`EINVAL`,
+/// `EOPNOTSUPP` or `ENOTSUP`), rather than that the queue is full or the queue pair broken.
+fn refuses_immediate(rc: c_int) -> bool {
+    /// `EINVAL`.
+    const EINVAL: c_int = 22;
+    /// `EOPNOTSUPP` and `ENOTSUP` (one number on Linux).
+    #[cfg(target_os = "linux")]
+    const UNSUPPORTED: [c_int; 2] = [95, 95];
+    /// `EOPNOTSUPP` and `ENOTSUP`.
+    #[cfg(not(target_os = "linux"))]
+    const UNSUPPORTED: [c_int; 2] = [102, 45];
+    rc == EINVAL || UNSUPPORTED.contains(&rc)
 }
 
 /// The access flags of MLX's memory regions and queue pairs.
@@ -574,6 +650,33 @@ mod tests {
         let mut half = gid;
         half[11] = 0;
         assert!(!is_ipv4_mapped(&half));
+    }
+
+    #[test]
+    fn a_message_that_skips_a_number_says_which_was_lost() {
+        let mut order = InOrder::default();
+        assert_eq!(order.take(Some(0)), Ok(()));
+        assert_eq!(order.take(Some(1)), Ok(()));
+        assert_eq!(order.take(Some(3)), Err((2, 3)));
+        // Unnumbered messages are counted but not checked.
+        let mut order = InOrder::default();
+        assert_eq!(order.take(None), Ok(()));
+        assert_eq!(order.take(Some(1)), Ok(()));
+        assert_eq!(order.take(Some(1)), Err((2, 1)));
+    }
+
+    #[test]
+    fn sequence_numbers_wrap_around() {
+        let mut order = InOrder { expected: u32::MAX };
+        assert_eq!(order.take(Some(u32::MAX)), Ok(()));
+        assert_eq!(order.take(Some(0)), Ok(()));
+    }
+
+    #[test]
+    fn only_a_refused_operation_turns_numbering_off() {
+        assert!(refuses_immediate(22));
+        assert!(!refuses_immediate(12), "ENOMEM: the queue is full");
+        assert!(!refuses_immediate(0));
     }
 
     #[test]
