@@ -16,7 +16,7 @@
 //! # What is modelled
 //!
 //! - Devices `rdma_en0` … `rdma_en7`, one active port, LID 0, two GIDs per (process, device)
-//!   ([`device`](crate::device) module docs).
+//!   (`device`).
 //! - The UC queue-pair state machine with the specification's attribute masks and value
 //!   checks (`qp_state`).
 //! - UC delivery, registration checks, the error state and flushing (`qp`), completion
