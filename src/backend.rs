@@ -127,7 +127,9 @@ impl RingGroup {
 static GROUPS: Mutex<Vec<(Backend, Group)>> = Mutex::new(Vec::new());
 
 /// Whether `backend` can be used in this build on this machine: the ring always; JACCL when
-/// built in (feature `jaccl`) and the RDMA library lists a device.
+/// built in (feature `jaccl`), the verbs library loads with every function it needs, and it
+/// lists a device (`jaccl::rdma::unavailable` says which
+/// is missing).
 pub fn is_available(backend: Backend) -> bool {
     match backend {
         Backend::Any | Backend::Ring => true,
@@ -166,6 +168,18 @@ pub fn connect_jaccl(
         )
     })?;
     let log = Log::new(options.log, rank);
+    // As MLX's `is_available`, before any connection: a machine without the verbs library,
+    // one of its functions or a device fails at once, saying which, instead of after the
+    // side channel has waited for the other ranks.
+    #[cfg(feature = "jaccl")]
+    if fabric == JacclFabric::Rdma
+        && let Some(why) = jaccl::rdma::unavailable()
+    {
+        return Err(Error::Config(format!(
+            "jaccl: rank {rank}: the RDMA fabric cannot run on this machine: {why} (or set \
+             NUVEC_JACCL_FABRIC=tcp to run JACCL's algorithms over TCP)"
+        )));
+    }
     let mut side = SideChannel::connect(coordinator, rank, size, options.timeout)?;
     match fabric {
         JacclFabric::Tcp => {

@@ -1,25 +1,36 @@
-//! JACCL's RDMA fabric (feature `jaccl`): device listing without hardware, bring-up errors that name what failed, and a hardware exchange run under `mlx.launch --backend jaccl`.
+//! JACCL's RDMA fabric (feature `jaccl`): whether it is available and why not, bring-up
+//! errors that name what failed, and the hardware exchange, run here over the software RDMA
+//! provider (`fabric-sim/verbs/`) and on real hardware under `mlx.launch --backend jaccl`.
 //!
-//! The hardware test is ignored by default. It needs hosts with RDMA devices that have an
-//! IPv4-mapped GID: Macs cabled for JACCL (RDMA enabled, an IPv4 address on each Thunderbolt
-//! interface) once the feature builds on macOS (see the docs of `jaccl::rdma`), or Linux hosts
-//! with RDMA NICs today. Build the test binary on every host (`cargo test --features jaccl
-//! --test jaccl_rdma --no-run` prints its path), write the device file for the cabling, and
-//! start the binary on every rank through the launcher, which runs any command:
+//! The hardware test is ignored by default; `the_hardware_exchange_runs_over_the_software_provider`
+//! runs it across processes over the provider. On hardware it needs hosts with RDMA devices
+//! that have an IPv4-mapped GID: Macs cabled for JACCL (RDMA enabled, an IPv4 address on each
+//! Thunderbolt interface) or Linux hosts with RDMA NICs. Build the test binary on every host
+//! (`cargo test --features jaccl --test jaccl_rdma --no-run` prints its path), write the
+//! device file for the cabling, and start the binary on every rank through the launcher, which
+//! runs any command:
 //!
 //! ```text
 //! mlx.launch --backend jaccl --hostfile hosts.json \
 //!     <test binary> --ignored --nocapture every_peer_receives
 //! ```
 //!
-//! (`--backend jaccl-ring` tests a ring cabling.) The test reads the job from the environment that `mlx.launch` writes (`MLX_RANK`,
-//! `MLX_IBV_DEVICES`, `MLX_JACCL_COORDINATOR`) and returns early, saying so, when it is not
-//! set. Only loopback addresses are used by the other tests.
+//! (`--backend jaccl-ring` tests a ring cabling.) The test reads the job from the environment
+//! that `mlx.launch` writes (`MLX_RANK`, `MLX_IBV_DEVICES`, `MLX_JACCL_COORDINATOR`) and
+//! returns early, saying so, when it is not set. Only loopback addresses are used by the other
+//! tests.
 #![cfg(feature = "jaccl")]
 
 use std::net::TcpListener;
 use std::thread;
 use std::time::Duration;
+
+#[path = "common/emu.rs"]
+mod emu;
+#[path = "common/ports.rs"]
+mod ports;
+#[path = "common/procs.rs"]
+mod procs;
 
 use nuvec_distributed::Error;
 use nuvec_distributed::fabric::{Channel, ChannelKind, Fabric, Landing, Transfer, Wiring};
@@ -203,4 +214,167 @@ fn mesh_matrix(size: usize, name: &str) -> Vec<Vec<Vec<String>>> {
 fn free_loopback_address() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().to_string()
+}
+
+/// The hardware test, as a child of this binary.
+const HARDWARE_TEST: &str = "every_peer_receives_the_frames_sent_to_it_on_every_channel";
+
+/// The availability report, as a child of this binary.
+const AVAILABILITY_TEST: &str = "a_child_reports_whether_jaccl_is_available";
+
+/// The device file of a JACCL job of `ranks` ranks: a mesh, or a ring of `wires` cables.
+fn device_file(ranks: usize, ring: Option<usize>) -> String {
+    let rows: Vec<serde_json::Value> = (0..ranks)
+        .map(|i| {
+            (0..ranks)
+                .map(|j| {
+                    let neighbours = (i + 1) % ranks == j || (j + 1) % ranks == i;
+                    match ring {
+                        _ if i == j => serde_json::Value::Null,
+                        None => format!("rdma_en{}", i.min(j) * 10 + i.max(j)).into(),
+                        Some(wires) if neighbours => (0..wires)
+                            .map(|w| format!("rdma_en{}_{w}", i.min(j) * 10 + i.max(j)))
+                            .collect::<Vec<_>>()
+                            .into(),
+                        Some(_) => serde_json::Value::Null,
+                    }
+                })
+                .collect::<Vec<_>>()
+                .into()
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+#[test]
+fn the_hardware_exchange_runs_over_the_software_provider() {
+    if procs::is_child(HARDWARE_TEST) {
+        return;
+    }
+    for (name, ranks, ring) in [
+        ("hw-mesh-3", 3, None),
+        ("hw-ring-2x2", 2, Some(2)),
+        ("hw-ring-4x1", 4, Some(1)),
+    ] {
+        let _one_job_at_a_time = procs::exclusive();
+        let dir = procs::scratch(name);
+        let devices = device_file(ranks, ring);
+        let path = dir.join("devices.json");
+        std::fs::write(&path, &devices).expect("write the device file");
+        let coordinator = ports::free_nodes(1, 1)[0][0].clone();
+        let ledger = dir.join("ledger");
+        let commands = (0..ranks)
+            .map(|rank| {
+                let mut cmd = procs::this_test(HARDWARE_TEST);
+                cmd.arg("--ignored")
+                    .env("MLX_RANK", rank.to_string())
+                    .env("MLX_IBV_DEVICES", &path)
+                    .env("MLX_JACCL_COORDINATOR", &coordinator);
+                if ring.is_some() {
+                    cmd.env("MLX_JACCL_RING", "1");
+                }
+                emu::configure(&mut cmd, &devices, &ledger);
+                cmd
+            })
+            .collect();
+        let finished = procs::run_all(&dir, commands, Duration::from_secs(120));
+        procs::assert_all_ok(name, &finished);
+        for (rank, f) in finished.iter().enumerate() {
+            assert!(
+                f.output.contains("exchanged frames of 1 B to 524288 B"),
+                "{name} rank {rank}: {}",
+                f.output
+            );
+        }
+        assert_eq!(
+            emu::leaks(&ledger),
+            Vec::<String>::new(),
+            "{name}: left registered"
+        );
+    }
+}
+
+/// Prints whether JACCL is available in this process and why not.
+#[test]
+fn a_child_reports_whether_jaccl_is_available() {
+    if !procs::is_child(AVAILABILITY_TEST) {
+        return;
+    }
+    let available = nuvec_distributed::is_available(nuvec_distributed::Backend::Jaccl);
+    println!("AVAILABLE {available}");
+    if let Some(why) = rdma::unavailable() {
+        println!("WHY {why}");
+    }
+    match nuvec_distributed::init_backend(true, nuvec_distributed::Backend::Jaccl) {
+        Ok(group) => println!("INIT OK {}", group.size()),
+        Err(e) => println!("INIT FAILED {e}"),
+    }
+}
+
+/// Runs the availability child with the verbs library `verbs` and the extra environment
+/// `env`, in a job of 2 ranks of which only rank 0 is started; its output.
+fn availability(verbs: &str, env: &[(&str, &str)]) -> String {
+    let dir = procs::scratch(&format!("availability-{}", verbs.len()));
+    let devices = device_file(2, None);
+    let path = dir.join("devices.json");
+    std::fs::write(&path, &devices).expect("write the device file");
+    let mut cmd = procs::this_test(AVAILABILITY_TEST);
+    cmd.env("MLX_RANK", "0")
+        .env("MLX_IBV_DEVICES", &path)
+        .env(
+            "MLX_JACCL_COORDINATOR",
+            ports::free_nodes(1, 1)[0][0].clone(),
+        )
+        .env("NUVEC_DISTRIBUTED_TIMEOUT", "5")
+        .env("NUVEC_JACCL_VERBS", verbs);
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let finished = procs::run_each(&dir, vec![cmd], Duration::from_secs(60));
+    finished[0].output.clone()
+}
+
+#[test]
+fn without_the_verbs_library_jaccl_is_unavailable_and_init_says_which_library_failed() {
+    let out = availability("/nonexistent/librdma-missing.so", &[]);
+    assert!(out.contains("AVAILABLE false"), "{out}");
+    assert!(
+        out.contains("WHY the verbs library could not be loaded"),
+        "{out}"
+    );
+    let init = out
+        .lines()
+        .find(|l| l.starts_with("INIT"))
+        .unwrap_or_default();
+    assert!(
+        init.starts_with("INIT FAILED")
+            && init.contains("/nonexistent/librdma-missing.so")
+            && init.contains("cannot run on this machine"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_library_without_the_verbs_functions_is_named_with_the_missing_function() {
+    let out = availability("libc.so.6", &[]);
+    assert!(out.contains("AVAILABLE false"), "{out}");
+    assert!(out.contains("has no function ibv_get_device_list"), "{out}");
+    assert!(out.contains("INIT FAILED"), "{out}");
+}
+
+#[test]
+fn a_library_that_lists_no_device_makes_jaccl_unavailable_saying_so() {
+    let library = emu::library().display().to_string();
+    let out = availability(&library, &[("NUVEC_VERBS_EMU_DEVICES", "")]);
+    assert!(out.contains("AVAILABLE false"), "{out}");
+    assert!(out.contains("no RDMA device is available"), "{out}");
+    assert!(out.contains("INIT FAILED"), "{out}");
+}
+
+#[test]
+fn with_the_software_provider_jaccl_is_available() {
+    let library = emu::library().display().to_string();
+    let out = availability(&library, &[]);
+    assert!(out.contains("AVAILABLE true"), "{out}");
+    assert!(!out.contains("WHY"), "{out}");
 }

@@ -72,7 +72,12 @@ const _: () =
 /// [`Error::Config`] saying that no RDMA device is available and why: the verbs library does
 /// not load (naming each path tried), lacks a function (naming it), or cannot list devices.
 pub fn devices() -> Result<Vec<String>, Error> {
-    transport::device_names().map_err(|e| Error::Config(format!("jaccl: {e}")))
+    transport::device_names().map_err(|e| {
+        Error::Config(match e {
+            Unavailable::NoDevice { .. } => format!("jaccl: {e}"),
+            _ => format!("jaccl: no RDMA device is available: {e}"),
+        })
+    })
 }
 
 /// Whether this machine can run the RDMA fabric: the verbs library loads, every function
