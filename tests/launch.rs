@@ -6,6 +6,10 @@
 //! (mlx.launch leaves its own). Every wait is bounded; a job that outlives its bound is
 //! killed, with its descendants, and the test fails.
 
+#[cfg(feature = "jaccl")]
+#[path = "common/emu.rs"]
+mod emu;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -304,11 +308,19 @@ fn tagged(stdout: &str, tag: &str) -> BTreeMap<usize, String> {
             let (r, rest) = payload.split_once(' ').expect("DUMP rank json");
             (r.parse().expect("rank"), rest.to_owned())
         } else {
+            // nuvec-launch prefixes every line with its rank; mlx.launch does not, and then
+            // the payload's `rank=R` says it.
             let r = line
                 .strip_prefix("[rank ")
                 .and_then(|l| l.split_once(']'))
                 .map(|(r, _)| r.parse().expect("rank"))
-                .expect("a [rank R] prefix");
+                .or_else(|| {
+                    payload
+                        .strip_prefix("rank=")
+                        .and_then(|p| p.split(' ').next())
+                        .and_then(|r| r.parse().ok())
+                })
+                .expect("a [rank R] prefix or rank=R");
             (r, payload.to_owned())
         };
         assert!(
@@ -459,6 +471,12 @@ const RING_OF_FOUR: [&str; 4] = [
 
 #[test]
 fn jaccl_and_jaccl_ring_jobs_run_a_real_all_sum_over_tcp() {
+    jaccl_jobs(Path::new(LAUNCH), &["--env", "NUVEC_JACCL_FABRIC=tcp"]);
+}
+
+/// Runs a 3-rank mesh and a 4-rank ring through `launcher` with the extra launcher arguments
+/// `extra`, each rank joining by `nuvec_distributed::init` and checking one all_sum.
+fn jaccl_jobs(launcher: &Path, extra: &[&str]) {
     let _job = exclusive();
     let dir = scratch("jaccl-job");
     let tmp = dir.join("tmp");
@@ -477,27 +495,81 @@ fn jaccl_and_jaccl_ring_jobs_run_a_real_all_sum_over_tcp() {
             "--env",
             "NUVEC_LAUNCH_TEST_ROLE=jaccl",
             "--env",
-            "NUVEC_JACCL_FABRIC=tcp",
-            "--env",
             "NUVEC_DISTRIBUTED_TIMEOUT=30",
-            "--",
         ];
+        args.extend(extra);
+        args.push("--");
         args.extend(command.iter().map(String::as_str));
-        let done = run(nuvec_launch(&tmp, &args), Duration::from_secs(120));
-        assert_eq!(done.code, Some(0), "{backend}: {}", done.describe());
+        let mut cmd = if launcher == Path::new(LAUNCH) {
+            nuvec_launch(&tmp, &args)
+        } else {
+            let mut cmd = Command::new(launcher);
+            cmd.args(&args).env("TMPDIR", &tmp);
+            cmd
+        };
+        cmd.current_dir(&*dir);
+        let done = run(cmd, Duration::from_secs(120));
+        let what = format!("{backend} by {}", launcher.display());
+        assert_eq!(done.code, Some(0), "{what}: {}", done.describe());
         let results = tagged(&done.stdout, "RESULT");
         let n = rdma.len();
-        assert_eq!(results.len(), n, "{backend}: {}", done.describe());
+        assert_eq!(results.len(), n, "{what}: {}", done.describe());
         let total = (0..n).sum::<usize>() as f32;
         for (rank, result) in &results {
             assert_eq!(
                 result,
                 &format!("rank={rank} size={n} sum=[{total:?}, {:?}]", n as f32),
-                "{backend}: {}",
+                "{what}: {}",
                 done.describe()
             );
         }
-        assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+        if launcher == Path::new(LAUNCH) {
+            assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+        }
+    }
+}
+
+/// `mlx.launch` of the MLX venv, or `None` (saying why) where it is missing outside CI.
+fn mlx_launch() -> Option<PathBuf> {
+    let mlx = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/mlx.launch");
+    if mlx.exists() {
+        return Some(mlx);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{} is missing, and CI=true requires it",
+        mlx.display()
+    );
+    eprintln!(
+        "skipped: {} is missing (create the venv with mlx[cpu]==0.32.4)",
+        mlx.display()
+    );
+    None
+}
+
+#[cfg(feature = "jaccl")]
+#[test]
+fn jaccl_and_jaccl_ring_jobs_run_over_the_rdma_fabric_launched_by_nuvec_launch_and_mlx_launch() {
+    let library = format!("NUVEC_JACCL_VERBS={}", emu::library().display());
+    let devices = format!(
+        "NUVEC_VERBS_EMU_DEVICES={}",
+        emu::device_names(&format!(
+            "[{}, {}]",
+            MESH.join(", "),
+            RING_OF_FOUR.join(", ")
+        ))
+    );
+    let extra = [
+        "--env",
+        "NUVEC_JACCL_FABRIC=rdma",
+        "--env",
+        &library,
+        "--env",
+        &devices,
+    ];
+    jaccl_jobs(Path::new(LAUNCH), &extra);
+    if let Some(mlx) = mlx_launch() {
+        jaccl_jobs(&mlx, &extra);
     }
 }
 
