@@ -23,6 +23,8 @@ pub(crate) struct Config {
     /// Whether GID index 1 is left empty instead of holding an IPv4-mapped GID
     /// (`NUVEC_VERBS_EMU_NO_IPV4=1`).
     pub(crate) no_ipv4: bool,
+    /// Whether `IBV_WR_SEND_WITH_IMM` is refused with `EINVAL` (`NUVEC_VERBS_EMU_NO_IMM=1`).
+    pub(crate) no_imm: bool,
     /// The probability that a sent message is lost (`NUVEC_VERBS_EMU_LOSS`).
     pub(crate) loss: f64,
     /// The seed of the loss generator (`NUVEC_VERBS_EMU_SEED`).
@@ -48,15 +50,8 @@ impl Config {
                 .collect(),
             Some(list) => parse_devices(&list)?,
         };
-        let no_ipv4 = match get("NUVEC_VERBS_EMU_NO_IPV4").as_deref() {
-            None | Some("") | Some("0") => false,
-            Some("1") => true,
-            Some(other) => {
-                return Err(format!(
-                    "NUVEC_VERBS_EMU_NO_IPV4 must be 0 or 1, not {other:?}"
-                ));
-            }
-        };
+        let no_ipv4 = flag(&get, "NUVEC_VERBS_EMU_NO_IPV4")?;
+        let no_imm = flag(&get, "NUVEC_VERBS_EMU_NO_IMM")?;
         let loss = match get("NUVEC_VERBS_EMU_LOSS") {
             None => 0.0,
             Some(text) => match text.trim().parse::<f64>() {
@@ -86,12 +81,22 @@ impl Config {
         Ok(Config {
             devices,
             no_ipv4,
+            no_imm,
             loss,
             seed,
             fail_wr,
             die_after,
             ledger,
         })
+    }
+}
+
+/// Parses a 0/1 flag (unset or empty is 0).
+fn flag(get: &impl Fn(&str) -> Option<String>, name: &str) -> Result<bool, String> {
+    match get(name).as_deref() {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(format!("{name} must be 0 or 1, not {other:?}")),
     }
 }
 
@@ -162,6 +167,7 @@ mod tests {
         assert_eq!(config.devices[0], "rdma_en0");
         assert_eq!(config.devices[7], "rdma_en7");
         assert!(!config.no_ipv4);
+        assert!(!config.no_imm);
         assert_eq!(config.loss, 0.0);
         assert_eq!(config.fail_wr, None);
         assert_eq!(config.die_after, None);
@@ -175,6 +181,7 @@ mod tests {
             ("NUVEC_VERBS_EMU_DEVICES", "a,,b"),
             ("NUVEC_VERBS_EMU_DEVICES", "a,a"),
             ("NUVEC_VERBS_EMU_NO_IPV4", "yes"),
+            ("NUVEC_VERBS_EMU_NO_IMM", "true"),
             ("NUVEC_VERBS_EMU_LOSS", "1.5"),
             ("NUVEC_VERBS_EMU_LOSS", "NaN"),
             ("NUVEC_VERBS_EMU_SEED", "-1"),

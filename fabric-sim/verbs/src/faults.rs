@@ -91,6 +91,11 @@ fn die() -> ! {
     std::process::abort()
 }
 
+/// Whether the configuration refuses `IBV_WR_SEND_WITH_IMM` (`NUVEC_VERBS_EMU_NO_IMM=1`).
+pub(crate) fn immediate_refused() -> bool {
+    config::get().as_ref().is_ok_and(|c| c.no_imm)
+}
+
 /// The process's fault state (no faults when the configuration is bad; nothing can be opened
 /// then anyway).
 pub(crate) fn get() -> &'static Faults {

@@ -30,6 +30,7 @@
 //! |---|---|
 //! | `NUVEC_VERBS_EMU_DEVICES` | comma-separated device names instead of `rdma_en0` … `rdma_en7` |
 //! | `NUVEC_VERBS_EMU_NO_IPV4=1` | GID index 1 empty: only a `fe80::` GID (index 0) |
+//! | `NUVEC_VERBS_EMU_NO_IMM=1` | `IBV_WR_SEND_WITH_IMM` refused with `EINVAL` |
 //! | `NUVEC_VERBS_EMU_LOSS=<p>` | each sent message lost with probability `p` |
 //! | `NUVEC_VERBS_EMU_SEED=<n>` | the loss generator's seed (default 0) |
 //! | `NUVEC_VERBS_EMU_FAIL_WR=<k>` | the k-th posted work request completes with `IBV_WC_GENERAL_ERR` |
@@ -41,8 +42,7 @@
 //!
 //! # What is not modelled
 //!
-//! RC and UD queue pairs (`EOPNOTSUPP`), RDMA read/write and atomics, immediate and inline
-//! data, shared receive queues, completion channels and events, address handles, memory
+//! RC and UD queue pairs (`EOPNOTSUPP`), RDMA read/write and atomics, inline data, shared receive queues, completion channels and events, address handles, memory
 //! windows, PSN checking, packetisation and link speed. Linux only (abstract sockets).
 //!
 //! # Errors

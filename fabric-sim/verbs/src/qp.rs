@@ -20,9 +20,14 @@
 //! Modelled strictly, where hardware might be lenient: a message is delivered only when its
 //! source endpoint and QPN are the ones the receiving queue pair was connected to at RTR, and
 //! only when the sender's path MTU is not above the receiver's (hardware drops such packets);
-//! anything else is dropped, so crossed addresses show as silence here too. Not modelled: PSNs
-//! (a UC responder resynchronises on the first packet of each message anyway), opcodes other
-//! than `IBV_WR_SEND`, inline data, immediate data, solicited events, SQD draining.
+//! anything else is dropped, so crossed addresses show as silence here too.
+//!
+//! Opcodes: `IBV_WR_SEND` and `IBV_WR_SEND_WITH_IMM` (the receive completion then carries
+//! `IBV_WC_WITH_IMM` and the immediate data as posted); with `NUVEC_VERBS_EMU_NO_IMM=1` the
+//! latter is refused with `EINVAL`, as a provider without immediate data on UC would, so that
+//! a fabric's fallback to plain sends can be exercised. Not modelled: PSNs (a UC responder
+//! resynchronises on the first packet of each message anyway), RDMA writes, inline data,
+//! solicited events, SQD draining.
 
 use crate::cq::{Cq, Entry, Outstanding};
 use crate::device::{self, MAX_MSG_SZ};
@@ -117,6 +122,8 @@ pub(crate) struct Origin {
     pub(crate) qpn: u32,
     /// The sender's path MTU.
     pub(crate) mtu: ibv_mtu,
+    /// The immediate data of a `IBV_WR_SEND_WITH_IMM`, in network order as posted.
+    pub(crate) imm: Option<u32>,
 }
 
 /// A queue pair.
@@ -303,7 +310,8 @@ impl Qp {
             IBV_QPS_ERR | IBV_QPS_SQE => true,
             _ => return Err(libc::EINVAL),
         };
-        if wr.opcode != IBV_WR_SEND
+        let with_imm = wr.opcode == IBV_WR_SEND_WITH_IMM && !faults::immediate_refused();
+        if (wr.opcode != IBV_WR_SEND && !with_imm)
             || wr.send_flags & IBV_SEND_INLINE != 0
             || sges.len() > self.cap.max_send_sge as usize
         {
@@ -359,6 +367,7 @@ impl Qp {
                 endpoint: self.endpoint.id,
                 qpn: self.qpn,
                 mtu,
+                imm: with_imm.then_some(wr.imm_data),
             };
             self.endpoint.send(dest, qpn, origin, &parts);
         }
@@ -451,6 +460,25 @@ impl Qp {
             rest = &rest[n..];
         }
         drop(regions);
-        self.complete_recv(wr.wr_id, IBV_WC_SUCCESS, payload.len() as u32, origin.qpn);
+        self.recv_cq.push(Entry {
+            wc: ibv_wc {
+                wr_id: wr.wr_id,
+                status: IBV_WC_SUCCESS,
+                opcode: IBV_WC_RECV,
+                byte_len: payload.len() as u32,
+                imm_data: origin.imm.unwrap_or(0),
+                qp_num: self.qpn,
+                src_qp: origin.qpn,
+                wc_flags: if origin.imm.is_some() {
+                    IBV_WC_WITH_IMM
+                } else {
+                    0
+                },
+                ..Default::default()
+            },
+            owner: Arc::clone(&self.outstanding),
+            sends: 0,
+            recvs: 1,
+        });
     }
 }

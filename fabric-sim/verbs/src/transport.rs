@@ -9,8 +9,8 @@
 //! Each endpoint has a random 24-bit id, made unique on the machine by binding its name
 //! `nuvec-verbs-emu.<id as 6 hex digits>`; the GIDs carry that id. A thread accepts
 //! connections, and one thread per accepted connection reads length-prefixed messages
-//! (destination QPN, source endpoint, source QPN, the sender's path MTU, length, all
-//! little-endian `u32`, then the payload) and hands
+//! (destination QPN, source endpoint, source QPN, the sender's path MTU, an immediate-data
+//! flag and word, length, all little-endian `u32`, then the payload) and hands
 //! each to the destination queue pair. Sending connects on first use and keeps one stream per
 //! destination endpoint, written with `MSG_NOSIGNAL`. A refused connection, `EPIPE`, a reset or
 //! a message cut short by the sender's death are all silence: UC has no acknowledgement, so the
@@ -29,8 +29,9 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The bytes of a message header: destination QPN, source endpoint, source QPN, the
-/// sender's path MTU, payload length.
-const HEADER_BYTES: usize = 20;
+/// sender's path MTU, whether immediate data follows (0 or 1), the immediate data, payload
+/// length.
+const HEADER_BYTES: usize = 28;
 
 /// A (process, device) endpoint.
 #[derive(Debug)]
@@ -118,6 +119,8 @@ impl Endpoint {
             origin.endpoint,
             origin.qpn,
             origin.mtu,
+            u32::from(origin.imm.is_some()),
+            origin.imm.unwrap_or(0),
             len as u32,
         ];
         for (chunk, word) in header.chunks_exact_mut(4).zip(words) {
@@ -183,11 +186,12 @@ fn read_loop(endpoint: &Endpoint, mut stream: UnixStream) {
         }
         let word =
             |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
-        let (dest_qpn, len) = (word(0), word(16));
+        let (dest_qpn, len) = (word(0), word(24));
         let origin = Origin {
             endpoint: word(4),
             qpn: word(8),
             mtu: word(12),
+            imm: (word(16) != 0).then_some(word(20)),
         };
         if len > crate::device::MAX_MSG_SZ {
             return;

@@ -72,6 +72,50 @@ fn a_512_kib_message_round_trips_between_two_devices() {
 }
 
 #[test]
+fn immediate_data_arrives_flagged_and_rdma_writes_are_einval() {
+    isolated(
+        "immediate_data_arrives_flagged_and_rdma_writes_are_einval",
+        &[],
+        || {
+            let (a, b) = pair("rdma_en0", "rdma_en1", 1);
+            assert_eq!(b.post_recv(1, b.sge(0, 64)), 0);
+            assert_eq!(b.post_recv(2, b.sge(0, 64)), 0);
+            let imm = 41u32.to_be();
+            assert_eq!(a.post_send_op(3, a.sge(0, 8), IBV_WR_SEND_WITH_IMM, imm), 0);
+            assert_eq!(a.post_send(4, a.sge(0, 8)), 0);
+            let got = b.poll(2).unwrap();
+            assert_eq!((got[0].wc_flags, got[0].imm_data), (IBV_WC_WITH_IMM, imm));
+            assert_eq!((got[1].wc_flags, got[1].byte_len), (0, 8));
+            assert_eq!(
+                a.post_send_op(5, a.sge(0, 8), IBV_WR_RDMA_WRITE, 0),
+                libc::EINVAL
+            );
+            a.teardown();
+            b.teardown();
+        },
+    );
+}
+
+#[test]
+fn with_no_imm_a_send_with_immediate_data_is_einval() {
+    isolated(
+        "with_no_imm_a_send_with_immediate_data_is_einval",
+        &[("NUVEC_VERBS_EMU_NO_IMM", "1")],
+        || {
+            let (a, b) = pair("rdma_en0", "rdma_en1", 1);
+            let imm = 1u32.to_be();
+            assert_eq!(
+                a.post_send_op(1, a.sge(0, 8), IBV_WR_SEND_WITH_IMM, imm),
+                libc::EINVAL
+            );
+            assert_eq!(a.post_send(2, a.sge(0, 8)), 0, "a plain send still goes");
+            a.teardown();
+            b.teardown();
+        },
+    );
+}
+
+#[test]
 fn a_send_with_no_receive_posted_is_dropped_silently() {
     isolated(
         "a_send_with_no_receive_posted_is_dropped_silently",

@@ -258,13 +258,25 @@ impl Side {
 
     /// Posts one signaled SEND of `sge`.
     pub(crate) fn post_send(&self, wr_id: u64, sge: ibv_sge) -> c_int {
+        self.post_send_op(wr_id, sge, IBV_WR_SEND, 0)
+    }
+
+    /// Posts one signaled send of `sge` with operation `opcode` and immediate data `imm`.
+    pub(crate) fn post_send_op(
+        &self,
+        wr_id: u64,
+        sge: ibv_sge,
+        opcode: ibv_wr_opcode,
+        imm: u32,
+    ) -> c_int {
         let mut sge = sge;
         let mut wr = ibv_send_wr {
             wr_id,
             sg_list: &mut sge,
             num_sge: 1,
-            opcode: IBV_WR_SEND,
+            opcode,
             send_flags: IBV_SEND_SIGNALED,
+            imm_data: imm,
             ..Default::default()
         };
         let mut bad = core::ptr::null_mut();
