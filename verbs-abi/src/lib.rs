@@ -11,10 +11,12 @@
 //!
 //! # What is known and what is assumed
 //!
-//! - **Linux (rdma-core)**: every struct, its size and every field offset are checked against
-//!   rdma-core's own header, through the bindgen output of the `ibverbs-sys` crate, by the
-//!   layout test in `verbs-abi/layout-check/` (run by CI). Structs that hold a
-//!   `pthread_mutex_t` or `pthread_cond_t` carry them as opaque words of the target's size.
+//! - **Linux (rdma-core)**: every struct (its size, alignment and every field's offset and size)
+//!   and every constant are checked against rdma-core's own header, through bindgen's output for
+//!   it (the `ibverbs-sys` crate's, and for `ibv_wc`, which `ibverbs-sys` declares by hand, and
+//!   the compatibility port attributes, the check's own), by the layout test in
+//!   `verbs-abi/layout-check/` (run by CI). Structs that hold a `pthread_mutex_t` or
+//!   `pthread_cond_t` carry them as opaque words of the target's size.
 //! - **macOS (Apple's `verbs.h`)**: Apple's SDK header was not available when this was
 //!   written. MLX's JACCL compiles against it with rdma-core's names (`ctx->ops.post_send`,
 //!   `wc.status`, `wc.byte_len`, `union ibv_gid`'s `raw` and `global.interface_id`,
