@@ -333,3 +333,37 @@ fn a_clean_and_a_leaky_close() {
         drop(leaky);
     }
 }
+
+#[test]
+fn the_built_library_resolves_every_symbol_the_fabric_loads_and_lists_devices() {
+    isolated(
+        "the_built_library_resolves_every_symbol_the_fabric_loads_and_lists_devices",
+        &[],
+        || {
+            // `cargo test` builds the library beside the test binaries, in target/<profile>/deps
+            // (`cargo build` also copies it one level up).
+            let exe = std::env::current_exe().unwrap();
+            let path = exe.parent().unwrap().join("libnuvec_verbs_emu.so");
+            let path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+            // SAFETY: loading the provider runs no initialisers of its own.
+            let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            assert!(!lib.is_null(), "{path:?} does not load");
+            let mut resolved = Vec::new();
+            for name in SYMBOLS {
+                let symbol = std::ffi::CString::new(name).unwrap();
+                // SAFETY: `lib` is a loaded library and `symbol` a NUL-terminated name.
+                let address = unsafe { libc::dlsym(lib, symbol.as_ptr()) };
+                assert!(!address.is_null(), "{name} is not exported");
+                resolved.push(address);
+            }
+            // SAFETY: the first symbol is `ibv_get_device_list`, of exactly this type (the
+            // library checks its exports against the ABI crate's function types).
+            let list: GetDeviceList = unsafe { std::mem::transmute(resolved[0]) };
+            let mut n = 0;
+            // SAFETY: `n` is a writable int.
+            let devices = unsafe { list(&mut n) };
+            assert!(!devices.is_null());
+            assert_eq!(n, 8);
+        },
+    );
+}
