@@ -113,9 +113,13 @@ fn positive(get: &impl Fn(&str) -> Option<String>, name: &str) -> Result<Option<
     }
 }
 
-/// Parses `NUVEC_VERBS_EMU_DEVICES`: comma-separated, unique, non-empty names.
+/// Parses `NUVEC_VERBS_EMU_DEVICES`: comma-separated, unique, non-empty names; an empty
+/// value lists no device (a machine without RDMA devices).
 fn parse_devices(list: &str) -> Result<Vec<String>, String> {
     let mut names: Vec<String> = Vec::new();
+    if list.trim().is_empty() {
+        return Ok(names);
+    }
     for name in list.split(',').map(str::trim) {
         let ok = !name.is_empty()
             && name.len() <= MAX_DEVICE_NAME
@@ -177,7 +181,7 @@ mod tests {
     #[test]
     fn every_bad_value_names_its_variable() {
         for (name, value) in [
-            ("NUVEC_VERBS_EMU_DEVICES", ""),
+            ("NUVEC_VERBS_EMU_DEVICES", ","),
             ("NUVEC_VERBS_EMU_DEVICES", "a,,b"),
             ("NUVEC_VERBS_EMU_DEVICES", "a,a"),
             ("NUVEC_VERBS_EMU_NO_IPV4", "yes"),
@@ -213,5 +217,11 @@ mod tests {
         assert_eq!(config.fail_wr, Some(3));
         assert_eq!(config.die_after, Some(9));
         assert_eq!(config.ledger, Some(PathBuf::from("ledger.txt")));
+    }
+
+    #[test]
+    fn an_empty_device_list_lists_no_device() {
+        let config = with(&[("NUVEC_VERBS_EMU_DEVICES", "")]).unwrap();
+        assert!(config.devices.is_empty());
     }
 }

@@ -28,7 +28,7 @@
 //!
 //! | Variable | Effect |
 //! |---|---|
-//! | `NUVEC_VERBS_EMU_DEVICES` | comma-separated device names instead of `rdma_en0` … `rdma_en7` |
+//! | `NUVEC_VERBS_EMU_DEVICES` | comma-separated device names instead of `rdma_en0` … `rdma_en7` (empty: no device) |
 //! | `NUVEC_VERBS_EMU_NO_IPV4=1` | GID index 1 empty: only a `fe80::` GID (index 0) |
 //! | `NUVEC_VERBS_EMU_NO_IMM=1` | `IBV_WR_SEND_WITH_IMM` refused with `EINVAL` |
 //! | `NUVEC_VERBS_EMU_LOSS=<p>` | each sent message lost with probability `p` |

@@ -28,6 +28,15 @@ fn the_environment_names_other_devices_in_order() {
 }
 
 #[test]
+fn an_empty_device_variable_lists_no_device() {
+    isolated(
+        "an_empty_device_variable_lists_no_device",
+        &[("NUVEC_VERBS_EMU_DEVICES", "")],
+        || assert_eq!(device_names().unwrap(), Vec::<String>::new()),
+    );
+}
+
+#[test]
 fn a_bad_variable_fails_the_listing_with_einval_and_names_itself() {
     for (name, value) in [
         ("NUVEC_VERBS_EMU_LOSS", "2"),
