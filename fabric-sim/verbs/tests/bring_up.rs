@@ -74,7 +74,10 @@ fn the_port_is_active_with_lid_zero_and_index_one_is_an_ipv4_mapped_gid() {
             // SAFETY: an open context; `port` is a writable port attribute struct.
             assert_eq!(unsafe { ibv_query_port(a.ctx, 1, &mut port) }, 0);
             // Only the compatibility layout is written, as the exported symbol does.
-            assert_eq!((port.port_cap_flags2, port.active_speed_ex), (0xAAAA, 0xAAAA_AAAA));
+            assert_eq!(
+                (port.port_cap_flags2, port.active_speed_ex),
+                (0xAAAA, 0xAAAA_AAAA)
+            );
             assert_eq!(port.state, IBV_PORT_ACTIVE);
             assert_eq!(port.lid, 0);
             assert_eq!(port.max_mtu, IBV_MTU_4096);
