@@ -37,6 +37,19 @@ pub(crate) struct Config {
     pub(crate) die_after: Option<u64>,
     /// Where `ibv_close_device` appends its accounting line (`NUVEC_VERBS_EMU_LEDGER`).
     pub(crate) ledger: Option<PathBuf>,
+    /// What becomes of a message that finds no receive posted (`NUVEC_VERBS_EMU_UNEXPECTED`).
+    pub(crate) unexpected: Unexpected,
+}
+
+/// What becomes of a message that arrives when its queue pair has no receive posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unexpected {
+    /// Held until a receive is posted (`hold`, the default): what Apple's Thunderbolt provider
+    /// appears to do, and what MLX's JACCL relies on (its sends are not flow-controlled, so a
+    /// rank may send more frames than its peer has receives posted).
+    Hold,
+    /// Dropped without a word (`drop`), as InfiniBand's UC specifies.
+    Drop,
 }
 
 impl Config {
@@ -78,7 +91,17 @@ impl Config {
             }
             Some(path) => Some(PathBuf::from(path)),
         };
+        let unexpected = match get("NUVEC_VERBS_EMU_UNEXPECTED").as_deref() {
+            None | Some("") | Some("hold") => Unexpected::Hold,
+            Some("drop") => Unexpected::Drop,
+            Some(other) => {
+                return Err(format!(
+                    "NUVEC_VERBS_EMU_UNEXPECTED must be hold or drop, not {other:?}"
+                ));
+            }
+        };
         Ok(Config {
+            unexpected,
             devices,
             no_ipv4,
             no_imm,
@@ -162,6 +185,19 @@ mod tests {
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_owned())
         })
+    }
+
+    #[test]
+    fn a_message_without_a_receive_is_held_unless_drop_is_asked_for() {
+        assert_eq!(with(&[]).unwrap().unexpected, Unexpected::Hold);
+        assert_eq!(
+            with(&[("NUVEC_VERBS_EMU_UNEXPECTED", "drop")])
+                .unwrap()
+                .unexpected,
+            Unexpected::Drop
+        );
+        let e = with(&[("NUVEC_VERBS_EMU_UNEXPECTED", "lose")]).unwrap_err();
+        assert!(e.contains("NUVEC_VERBS_EMU_UNEXPECTED"), "{e}");
     }
 
     #[test]

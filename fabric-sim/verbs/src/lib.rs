@@ -35,6 +35,7 @@
 //! | `NUVEC_VERBS_EMU_SEED=<n>` | the loss generator's seed (default 0) |
 //! | `NUVEC_VERBS_EMU_FAIL_WR=<k>` | the k-th posted work request completes with `IBV_WC_GENERAL_ERR` |
 //! | `NUVEC_VERBS_EMU_DIE_AFTER=<n>` | the process kills itself (SIGKILL) after its n-th sent message |
+//! | `NUVEC_VERBS_EMU_UNEXPECTED=hold\|drop` | a message that finds no receive posted is held until one is (default, as Apple's provider appears to) or dropped (InfiniBand's UC) |
 //! | `NUVEC_VERBS_EMU_LEDGER=<path>` | each `ibv_close_device` appends `close pid=… device=… qps=… cqs=… mrs=… pds=…` |
 //!
 //! A bad value prints a message naming the variable and makes `ibv_get_device_list` return

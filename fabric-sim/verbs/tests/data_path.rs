@@ -116,10 +116,46 @@ fn with_no_imm_a_send_with_immediate_data_is_einval() {
 }
 
 #[test]
-fn a_send_with_no_receive_posted_is_dropped_silently() {
+fn a_send_with_no_receive_posted_waits_for_one_by_default() {
     isolated(
-        "a_send_with_no_receive_posted_is_dropped_silently",
+        "a_send_with_no_receive_posted_waits_for_one_by_default",
         &[],
+        || {
+            let (mut a, b) = pair("rdma_en0", "rdma_en1", 1);
+            for (k, word) in [b"held", b"next"].into_iter().enumerate() {
+                a.buf[k * 4..k * 4 + 4].copy_from_slice(word);
+                assert_eq!(a.post_send(k as u64 + 1, a.sge(k * 4, 4)), 0);
+            }
+            assert_eq!(
+                a.poll(2).unwrap().len(),
+                2,
+                "UC has no ack: both sends complete"
+            );
+            assert!(
+                b.poll_nothing(QUIET).is_empty(),
+                "nothing lands without a receive"
+            );
+            // Each receive posted takes the oldest held message, in order.
+            assert_eq!(b.post_recv(7, b.sge(0, 64)), 0);
+            let got = b.poll(1).unwrap();
+            assert_eq!((got[0].wr_id, got[0].byte_len), (7, 4));
+            assert_eq!(&b.buf[..4], b"held");
+            assert_eq!(b.post_recv(8, b.sge(0, 64)), 0);
+            let got = b.poll(1).unwrap();
+            assert_eq!((got[0].wr_id, got[0].byte_len), (8, 4));
+            assert_eq!(&b.buf[..4], b"next");
+            for side in [a, b] {
+                side.teardown();
+            }
+        },
+    );
+}
+
+#[test]
+fn with_unexpected_drop_a_send_with_no_receive_posted_is_dropped_silently() {
+    isolated(
+        "with_unexpected_drop_a_send_with_no_receive_posted_is_dropped_silently",
+        &[("NUVEC_VERBS_EMU_UNEXPECTED", "drop")],
         || {
             // Two pairs between the same two devices share one stream, which keeps order: when
             // the second pair's message has landed, the first pair's has been handled.
