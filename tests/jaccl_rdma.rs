@@ -256,42 +256,55 @@ fn the_hardware_exchange_runs_over_the_software_provider() {
         ("hw-ring-2x2", 2, Some(2)),
         ("hw-ring-4x1", 4, Some(1)),
     ] {
-        let _one_job_at_a_time = procs::exclusive();
         let dir = procs::scratch(name);
-        let devices = device_file(ranks, ring);
-        let path = dir.join("devices.json");
-        std::fs::write(&path, &devices).expect("write the device file");
-        let coordinator = ports::free_nodes(1, 1)[0][0].clone();
-        let ledger = dir.join("ledger");
-        let commands = (0..ranks)
-            .map(|rank| {
-                let mut cmd = procs::this_test(HARDWARE_TEST);
-                cmd.arg("--ignored")
-                    .env("MLX_RANK", rank.to_string())
-                    .env("MLX_IBV_DEVICES", &path)
-                    .env("MLX_JACCL_COORDINATOR", &coordinator);
-                if ring.is_some() {
-                    cmd.env("MLX_JACCL_RING", "1");
-                }
-                emu::configure(&mut cmd, &devices, &ledger);
-                cmd
-            })
-            .collect();
-        let finished = procs::run_all(&dir, commands, Duration::from_secs(120));
-        procs::assert_all_ok(name, &finished);
-        for (rank, f) in finished.iter().enumerate() {
-            assert!(
-                f.output.contains("exchanged frames of 1 B to 524288 B"),
-                "{name} rank {rank}: {}",
-                f.output
-            );
-        }
-        assert_eq!(
-            emu::leaks(&ledger),
-            Vec::<String>::new(),
-            "{name}: left registered"
+        exchange_over_the_provider(&dir, name, ranks, ring, &device_file(ranks, ring));
+    }
+}
+
+/// Runs the hardware exchange on `ranks` processes over the provider with the device file
+/// `devices` (a ring of `ring` wires, or a mesh): every rank exchanges its frames, and
+/// nothing is left registered.
+fn exchange_over_the_provider(
+    dir: &std::path::Path,
+    name: &str,
+    ranks: usize,
+    ring: Option<usize>,
+    devices: &str,
+) {
+    let _one_job_at_a_time = procs::exclusive();
+    let path = dir.join("devices.json");
+    std::fs::write(&path, devices).expect("write the device file");
+    let coordinator = ports::free_nodes(1, 1)[0][0].clone();
+    let ledger = dir.join("ledger");
+    let commands = (0..ranks)
+        .map(|rank| {
+            let mut cmd = procs::this_test(HARDWARE_TEST);
+            cmd.arg("--ignored")
+                .env("MLX_RANK", rank.to_string())
+                .env("MLX_IBV_DEVICES", &path)
+                .env("MLX_JACCL_COORDINATOR", &coordinator);
+            if ring.is_some() {
+                cmd.env("MLX_JACCL_RING", "1");
+            }
+            emu::configure(&mut cmd, devices, &ledger);
+            cmd
+        })
+        .collect();
+    let finished = procs::run_all(dir, commands, Duration::from_secs(120));
+    procs::assert_all_ok(name, &finished);
+    for (rank, f) in finished.iter().enumerate() {
+        assert!(
+            f.output.contains("exchanged frames of 1 B to 524288 B"),
+            "{name} rank {rank}: {}",
+            f.output
         );
     }
+    assert_eq!(
+        emu::leaks(&ledger),
+        Vec::<String>::new(),
+        "{name}: left registered"
+    );
+    assert!(emu::closes(&ledger) >= ranks, "{name}: devices not closed");
 }
 
 /// Prints whether JACCL is available in this process and why not.
@@ -314,24 +327,64 @@ fn a_child_reports_whether_jaccl_is_available() {
 /// Runs the availability child with the verbs library `verbs` and the extra environment
 /// `env`, in a job of 2 ranks of which only rank 0 is started; its output.
 fn availability(verbs: &str, env: &[(&str, &str)]) -> String {
-    let dir = procs::scratch(&format!("availability-{}", verbs.len()));
+    availability_of(1, verbs, env).swap_remove(0)
+}
+
+/// As [`availability`], with the first `started` ranks of the 2 started; their outputs.
+fn availability_of(started: usize, verbs: &str, env: &[(&str, &str)]) -> Vec<String> {
+    let _one_job_at_a_time = procs::exclusive();
+    let dir = procs::scratch(&format!("availability-{started}-{}", verbs.len()));
     let devices = device_file(2, None);
     let path = dir.join("devices.json");
     std::fs::write(&path, &devices).expect("write the device file");
-    let mut cmd = procs::this_test(AVAILABILITY_TEST);
-    cmd.env("MLX_RANK", "0")
-        .env("MLX_IBV_DEVICES", &path)
-        .env(
-            "MLX_JACCL_COORDINATOR",
-            ports::free_nodes(1, 1)[0][0].clone(),
-        )
-        .env("NUVEC_DISTRIBUTED_TIMEOUT", "5")
-        .env("NUVEC_JACCL_VERBS", verbs);
-    for (key, value) in env {
-        cmd.env(key, value);
+    let coordinator = ports::free_nodes(1, 1)[0][0].clone();
+    let commands = (0..started)
+        .map(|rank| {
+            let mut cmd = procs::this_test(AVAILABILITY_TEST);
+            cmd.env("MLX_RANK", rank.to_string())
+                .env("MLX_IBV_DEVICES", &path)
+                .env("MLX_JACCL_COORDINATOR", &coordinator)
+                .env("NUVEC_DISTRIBUTED_TIMEOUT", "5")
+                .env("NUVEC_JACCL_VERBS", verbs)
+                .env("NUVEC_VERBS_EMU_DEVICES", emu::device_names(&devices));
+            for (key, value) in env {
+                cmd.env(key, value);
+            }
+            cmd
+        })
+        .collect();
+    let finished = procs::run_each(&dir, commands, Duration::from_secs(60));
+    finished.into_iter().map(|f| f.output).collect()
+}
+
+#[test]
+fn a_port_without_an_ipv4_mapped_gid_fails_the_bring_up_saying_to_assign_an_address() {
+    let library = emu::library().display().to_string();
+    let outputs = availability_of(2, &library, &[("NUVEC_VERBS_EMU_NO_IPV4", "1")]);
+    for (rank, out) in outputs.iter().enumerate() {
+        assert!(out.contains("AVAILABLE true"), "rank {rank}: {out}");
+        let init = out.lines().find(|l| l.contains("INIT")).unwrap_or_default();
+        assert!(
+            init.contains("INIT FAILED")
+                && init.contains("no IPv4-mapped GID on port 1 of rdma_en1")
+                && init.contains("queue pair to rank")
+                && init.contains("169.254.0.1"),
+            "rank {rank}: {out}"
+        );
     }
-    let finished = procs::run_each(&dir, vec![cmd], Duration::from_secs(60));
-    finished[0].output.clone()
+}
+
+#[test]
+fn the_largest_mesh_on_one_device_per_rank_stays_within_apples_limits() {
+    // Eight ranks (MLX's most), every connection of a rank on the same device: 7 queue pairs
+    // and 42 memory regions on it, inside the provider's 10 and 100.
+    let dir = procs::scratch("limits");
+    let ranks = 8;
+    let rows: Vec<Vec<Option<&str>>> = (0..ranks)
+        .map(|i| (0..ranks).map(|j| (i != j).then_some("rdma_en0")).collect())
+        .collect();
+    let devices = serde_json::to_string(&rows).expect("json");
+    exchange_over_the_provider(&dir, "limits", ranks, None, &devices);
 }
 
 #[test]
