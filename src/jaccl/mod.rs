@@ -45,8 +45,9 @@
 //! - [`comm`]: [`JacclCommunicator`], the `nuvec_core` communicator over any fabric: checked
 //!   arguments, a deadline per operation, errors naming the peer, a sticky failure.
 //! - [`tcp`]: the cables as TCP connections, for tests and trials without RDMA.
-//! - `rdma` (cargo feature `jaccl` only): the RDMA fabric over MLX's UC queue pairs, with
-//!   `devices()` and `available()`.
+//! - `rdma` (cargo feature `jaccl` only): the RDMA fabric over MLX's UC queue pairs (the
+//!   verbs library loaded at run time), with `connect`, `devices()`, `available()` and
+//!   `unavailable()`.
 //!
 //! Everything but `rdma` builds without the `jaccl` feature.
 //!
@@ -72,7 +73,11 @@
 //!   (a difference from MLX, whose lost frame lets the next one take its place unnoticed).
 //! - Across processes over TCP (`tests/jaccl_processes.rs`): meshes of 2 to 4 ranks and rings
 //!   of 2 to 4 ranks with 1 or 2 wires, through `nuvec_distributed::init` and
-//!   `nuvec_core::distributed`, and a lost peer.
+//!   `nuvec_core::distributed`, every dtype against the model, and a lost peer.
+//! - Across processes over the RDMA fabric (feature `jaccl`) driving the software RDMA
+//!   provider of `fabric-sim/verbs/`: the same jobs, bit-identical to TCP, and lost messages,
+//!   error completions, silent deaths and strict UC drops ending in errors naming a peer
+//!   (`tests/jaccl_processes.rs`, `tests/jaccl_rdma.rs`, `tests/launch.rs`).
 //! - **Not verified**: the RDMA fabric on Thunderbolt hardware, interoperation with MLX's C++
 //!   JACCL, and the layout of Apple's `ibv_gid` in [`Destination`].
 
