@@ -861,19 +861,7 @@ fn scenarios(dir: &Path) -> Vec<(&'static str, Vec<String>)> {
 
 #[test]
 fn the_environment_matches_mlx_launchs() {
-    let mlx = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/mlx.launch");
-    if !mlx.exists() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{} is missing, and CI=true requires the comparison",
-            mlx.display()
-        );
-        eprintln!(
-            "skipped: {} is missing (create the venv with mlx[cpu]==0.32.4 to compare)",
-            mlx.display()
-        );
-        return;
-    }
+    let Some(mlx) = mlx_launch() else { return };
     let _job = exclusive();
     let dir = scratch("mlx");
     let command = rank_command();
