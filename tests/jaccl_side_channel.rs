@@ -899,3 +899,42 @@ fn rank_zero_cannot_listen_on_an_address_in_use() {
     );
     drop(held);
 }
+
+/// A 2-rank JACCL mesh's device matrix (each rank cabled to the other).
+fn two_rank_mesh() -> Vec<Vec<Vec<String>>> {
+    vec![
+        vec![vec![], vec!["rdma_en5".to_owned()]],
+        vec![vec!["rdma_en5".to_owned()], vec![]],
+    ]
+}
+
+#[test]
+fn a_timeout_too_large_for_a_deadline_connects_the_side_channel_and_the_tcp_cables() {
+    // `Duration::MAX` is the natural "no timeout"; neither the side channel's setup, its
+    // gathers nor JACCL over TCP's cable setup may overflow adding it to now.
+    let addr = free_addr();
+    let gathered: Vec<Vec<u8>> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let addr = &addr;
+                scope.spawn(move || {
+                    let mut side = SideChannel::connect(addr, rank, 2, Duration::MAX)?;
+                    let got = side.all_gather(&[rank as u8; 3])?;
+                    let config = nuvec_distributed::jaccl::Config::new(rank, two_rank_mesh())
+                        .coordinator(addr);
+                    let (fabric, _) =
+                        nuvec_distributed::jaccl::tcp::connect(&config, &mut side, Duration::MAX)?;
+                    drop(fabric);
+                    Ok::<_, Error>(got)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank").expect("connect"))
+            .collect()
+    });
+    for got in gathered {
+        assert_eq!(got, vec![0, 0, 0, 1, 1, 1]);
+    }
+}

@@ -252,7 +252,7 @@ impl SideChannel {
                 }
             ))
         })?;
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::limits::deadline_in(timeout);
         let fail = |what: String| Error::Connect {
             rank,
             what: format!("jaccl: side channel: {what}"),
@@ -578,7 +578,7 @@ impl SideChannel {
             return Ok(out);
         }
         let timeout = self.timeout;
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::limits::deadline_in(timeout);
         let fail = |doing: String, short: Short| Error::Connect {
             rank,
             what: format!(
@@ -901,7 +901,7 @@ fn connect_to_coordinator(
             }
         }
         let now = Instant::now();
-        if now + wait >= deadline {
+        if crate::limits::deadline(now, wait) >= deadline {
             return Err(format!(
                 "cannot reach the coordinator {coordinator} (rank 0) after {attempts} attempt{} \
                  in {timeout:?}: {last}",

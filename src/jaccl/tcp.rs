@@ -47,7 +47,7 @@ pub fn connect(
 ) -> Result<(TcpFabric, Topology), Error> {
     let (rank, size) = (config.rank(), config.size());
     let topology = config.topology()?;
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::limits::deadline_in(timeout);
     let fail = |what: String| Error::Connect {
         rank,
         what: format!("jaccl over tcp: {what}"),

@@ -45,7 +45,7 @@ pub(crate) fn connect_ring(
     log: &Log,
 ) -> Result<RingSockets, Error> {
     let size = nodes.len();
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::limits::deadline_in(timeout);
     let fail = |what: String| Error::Connect { rank, what };
     let right = (rank + 1) % size;
     let left = (rank + size - 1) % size;
@@ -324,7 +324,7 @@ fn connect_all(
                 break s;
             }
             let now = Instant::now();
-            if now + wait >= deadline {
+            if crate::limits::deadline(now, wait) >= deadline {
                 return Err(format!(
                     "cannot connect to rank {to} at {address} (connection {c}) after {attempt} attempts in {timeout:?}: {last}"
                 ));
