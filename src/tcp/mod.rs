@@ -321,6 +321,7 @@ impl Fabric for TcpFabric {
                     kind: FailureKind::Invalid(format!("rank {} has no channel {c}", self.rank)),
                 });
             }
+            t.check_landing().map_err(|what| t.invalid(what))?;
         }
         let mut progress: smallvec::SmallVec<[Progress; 8]> = step
             .iter()
@@ -406,7 +407,53 @@ impl Fabric for TcpFabric {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::Channel;
     use std::net::TcpListener;
+
+    /// Two fabrics of ranks 0 and 1 over one loopback connection (link 0 of each).
+    fn pair() -> (TcpFabric, TcpFabric) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let opened = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        let (accepted, _) = listener.accept().expect("accept");
+        let zero = TcpFabric::from_streams(0, vec![vec![], vec![opened]]).expect("rank 0");
+        let one = TcpFabric::from_streams(1, vec![vec![accepted], vec![]]).expect("rank 1");
+        (zero, one)
+    }
+
+    #[test]
+    fn a_sink_receive_that_is_not_a_whole_number_of_grains_is_invalid_not_a_closed_peer() {
+        let (mut zero, mut one) = pair();
+        let deadline = one.now() + Duration::from_secs(10);
+        // The peer sends the 5 bytes the receive asks for.
+        let data = [1u8, 2, 3, 4, 5];
+        let mut send = [Transfer::Send {
+            channel: Channel::new(0, 0),
+            data: &data,
+        }];
+        one.run(&mut send, deadline).expect("send");
+        let mut delivered = 0;
+        let mut sink = |_: usize, bytes: &[u8]| delivered += bytes.len();
+        let mut recv = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Sink {
+                len: 5,
+                grain: 4,
+                sink: &mut sink,
+            },
+        }];
+        let deadline = zero.now() + Duration::from_secs(10);
+        let e = zero
+            .run(&mut recv, deadline)
+            .expect_err("5 bytes of 4-byte grains");
+        match &e.kind {
+            FailureKind::Invalid(what) => {
+                assert!(what.contains("whole number of grains"), "{e}")
+            }
+            other => panic!("blamed on the peer: {other:?} ({e})"),
+        }
+        assert_eq!((e.done, e.total, e.peer()), (0, 5, 1), "{e}");
+        assert_eq!(delivered, 0, "nothing moves before the check");
+    }
 
     #[test]
     fn every_connection_of_a_fabric_sends_without_nagle_delay() {
