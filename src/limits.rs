@@ -13,7 +13,11 @@
 //!   authentication and hello exchanges) goes through [`read`] and [`write`] here, which ask
 //!   for at most [`MAX_IO`] bytes per call; a caller loops as it does for any short count.
 
+use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
+
+/// The most bytes one socket call asks for: 1 GiB, as MLX (below macOS's `INT_MAX` limit).
+pub(crate) const MAX_IO: usize = 1 << 30;
 
 /// The instant `timeout` after `from`, or the farthest representable instant when that
 /// overflows.
@@ -33,9 +37,89 @@ pub(crate) fn deadline_in(timeout: Duration) -> Instant {
     deadline(Instant::now(), timeout)
 }
 
+/// `len` clamped to [`MAX_IO`]: the length one socket call may ask for.
+pub(crate) fn clamp(len: usize) -> usize {
+    let n = len.min(MAX_IO);
+    #[cfg(test)]
+    record(n);
+    n
+}
+
+/// One read of at most [`MAX_IO`] bytes into the front of `buf`.
+pub(crate) fn read(mut from: impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let n = clamp(buf.len());
+    from.read(&mut buf[..n])
+}
+
+/// One write of at most [`MAX_IO`] bytes from the front of `buf`.
+pub(crate) fn write(mut to: impl Write, buf: &[u8]) -> io::Result<usize> {
+    let n = clamp(buf.len());
+    to.write(&buf[..n])
+}
+
+/// Reads exactly `buf.len()` bytes with [`read`], retrying interrupted calls; a peer that
+/// closes first is `UnexpectedEof`.
+pub(crate) fn read_exact(mut from: impl Read, buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match read(&mut from, &mut buf[done..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` with [`write`], retrying interrupted calls.
+pub(crate) fn write_all(mut to: impl Write, buf: &[u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match write(&mut to, &buf[done..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The largest length this thread's socket calls asked for since [`take_largest`].
+    static LARGEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Notes that a socket call of this thread asks for `n` bytes.
+#[cfg(test)]
+fn record(n: usize) {
+    LARGEST.with(|l| l.set(l.get().max(n)));
+}
+
+/// The largest length a socket call of this thread asked for since the last call, resetting it.
+#[cfg(test)]
+pub(crate) fn take_largest() -> usize {
+    LARGEST.with(|l| l.replace(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn socket_lengths_are_clamped_to_one_gibibyte() {
+        assert_eq!(clamp(0), 0);
+        assert_eq!(clamp(12), 12);
+        assert_eq!(clamp(MAX_IO), MAX_IO);
+        assert_eq!(clamp(MAX_IO + 1), MAX_IO);
+        assert_eq!(clamp(usize::MAX), MAX_IO);
+        assert!(
+            MAX_IO <= i32::MAX as usize,
+            "macOS rejects lengths above INT_MAX"
+        );
+    }
 
     #[test]
     fn a_deadline_saturates_instead_of_overflowing() {

@@ -16,7 +16,7 @@
 //! This is not wire-compatible with anything of MLX's (MLX's JACCL speaks only RDMA): it exists
 //! to exercise the algorithms, the side channel and the failure handling across processes.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use mio::{Events, Interest, Poll, Token};
 use super::config::{Config, Topology};
 use super::side_channel::SideChannel;
 use crate::error::Error;
+use crate::limits;
 use crate::tcp::TcpFabric;
 
 /// The first bytes of every connection.
@@ -47,7 +48,7 @@ pub fn connect(
 ) -> Result<(TcpFabric, Topology), Error> {
     let (rank, size) = (config.rank(), config.size());
     let topology = config.topology()?;
-    let deadline = crate::limits::deadline_in(timeout);
+    let deadline = limits::deadline_in(timeout);
     let fail = |what: String| Error::Connect {
         rank,
         what: format!("jaccl over tcp: {what}"),
@@ -86,19 +87,19 @@ pub fn connect(
     for &(peer, cable) in &opens {
         let to = address(peer);
         let left_over = deadline.saturating_duration_since(Instant::now());
-        let mut stream = TcpStream::connect_timeout(&to, left_over.max(Duration::from_millis(1)))
+        let stream = TcpStream::connect_timeout(&to, left_over.max(Duration::from_millis(1)))
             .map_err(|e| {
-            fail(format!(
-                "cannot connect cable {cable} to rank {peer} at {to}: {e}"
-            ))
-        })?;
+                fail(format!(
+                    "cannot connect cable {cable} to rank {peer} at {to}: {e}"
+                ))
+            })?;
         let mut hello = [0u8; HELLO];
         hello[..4].copy_from_slice(MAGIC);
         hello[4..8].copy_from_slice(&(rank as u32).to_le_bytes());
         hello[8..].copy_from_slice(&(cable as u32).to_le_bytes());
         stream
             .set_write_timeout(Some(left_over.max(Duration::from_millis(1))))
-            .and_then(|()| stream.write_all(&hello))
+            .and_then(|()| limits::write_all(&stream, &hello))
             .map_err(|e| fail(format!("cannot greet rank {peer} on cable {cable}: {e}")))?;
         opened.push(stream);
     }
@@ -185,7 +186,7 @@ fn accept_cables(
                 Err(e) => return Err(format!("accepting: {e}")),
             };
             // The hello follows the connection at once; read it with the time left.
-            let mut stream: TcpStream = stream.into();
+            let stream: TcpStream = stream.into();
             let left_over = deadline.saturating_duration_since(Instant::now());
             let mut hello = [0u8; HELLO];
             let read = stream
@@ -193,7 +194,7 @@ fn accept_cables(
                 .and_then(|()| {
                     stream.set_read_timeout(Some(left_over.max(Duration::from_millis(1))))
                 })
-                .and_then(|()| stream.read_exact(&mut hello));
+                .and_then(|()| limits::read_exact(&stream, &mut hello));
             if read.is_err() || &hello[..4] != MAGIC {
                 // Not one of ours (or it gave up): ignore it.
                 continue;

@@ -19,6 +19,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 use crate::auth::{self, Acceptor, Key, Opener};
 use crate::error::Error;
 use crate::hostfile;
+use crate::limits;
 use crate::log::Log;
 
 /// The longest a connection may take to authenticate: a stranger that connects and says
@@ -45,7 +46,7 @@ pub(crate) fn connect_ring(
     log: &Log,
 ) -> Result<RingSockets, Error> {
     let size = nodes.len();
-    let deadline = crate::limits::deadline_in(timeout);
+    let deadline = limits::deadline_in(timeout);
     let fail = |what: String| Error::Connect { rank, what };
     let right = (rank + 1) % size;
     let left = (rank + size - 1) % size;
@@ -173,16 +174,15 @@ fn authenticate_opener(
     key: &Key,
     deadline: Instant,
 ) -> Result<(), String> {
-    use std::io::{Read, Write};
-    bounded(stream, deadline, |mut s| {
+    bounded(stream, deadline, |s| {
         let mut hello = [0u8; auth::HELLO];
-        s.read_exact(&mut hello)?;
+        limits::read_exact(s, &mut hello)?;
         let (acceptor, reply) =
             Acceptor::new(key, who.rank as u32, who.peer as u32, link as u32, &hello)
                 .map_err(io::Error::other)?;
-        s.write_all(&reply)?;
+        limits::write_all(s, &reply)?;
         let mut proof = [0u8; auth::NONCE];
-        s.read_exact(&mut proof)?;
+        limits::read_exact(s, &mut proof)?;
         acceptor.finish(&proof).map_err(io::Error::other)
     })
     .map_err(|e| match e.kind() {
@@ -202,14 +202,13 @@ fn authenticate_acceptor(
     key: &Key,
     deadline: Instant,
 ) -> Result<(), String> {
-    use std::io::{Read, Write};
-    bounded(stream, deadline, |mut s| {
+    bounded(stream, deadline, |s| {
         let opener = Opener::new(key, who.rank as u32, who.peer as u32, link as u32);
-        s.write_all(opener.hello())?;
+        limits::write_all(s, opener.hello())?;
         let mut reply = [0u8; 2 * auth::NONCE];
-        s.read_exact(&mut reply)?;
+        limits::read_exact(s, &mut reply)?;
         let proof = opener.finish(&reply).map_err(io::Error::other)?;
-        s.write_all(&proof)
+        limits::write_all(s, &proof)
     })
     .map_err(|e| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
@@ -324,7 +323,7 @@ fn connect_all(
                 break s;
             }
             let now = Instant::now();
-            if crate::limits::deadline(now, wait) >= deadline {
+            if limits::deadline(now, wait) >= deadline {
                 return Err(format!(
                     "cannot connect to rank {to} at {address} (connection {c}) after {attempt} attempts in {timeout:?}: {last}"
                 ));
