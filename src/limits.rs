@@ -57,21 +57,6 @@ pub(crate) fn write(mut to: impl Write, buf: &[u8]) -> io::Result<usize> {
     to.write(&buf[..n])
 }
 
-/// Reads exactly `buf.len()` bytes with [`read`], retrying interrupted calls; a peer that
-/// closes first is `UnexpectedEof`.
-pub(crate) fn read_exact(mut from: impl Read, buf: &mut [u8]) -> io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        match read(&mut from, &mut buf[done..]) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// Writes all of `buf` with [`write`], retrying interrupted calls.
 pub(crate) fn write_all(mut to: impl Write, buf: &[u8]) -> io::Result<()> {
     let mut done = 0;
