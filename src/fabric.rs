@@ -252,6 +252,10 @@ pub enum FailureKind {
     /// The peer closed the connection (or the link was cut).
     #[error("the connection was closed by the peer")]
     Closed,
+    /// The peer closed the connection during an operation that MLX refuses and this crate
+    /// runs: a Python MLX peer throws there and leaves. The text names MLX's rule.
+    #[error("the connection was closed by the peer, {0}")]
+    ClosedBeyondMlx(String),
     /// The transport reported an error.
     #[error("{0}")]
     Transport(String),
