@@ -390,6 +390,55 @@ mod tests {
     }
 
     #[test]
+    fn a_timeout_from_the_environment_too_large_for_a_deadline_forms_a_group() {
+        // 1e19 s is a value `NUVEC_DISTRIBUTED_TIMEOUT` accepts; added to now it overflows an
+        // `Instant`.
+        let lookup = |name: &str| match name {
+            "NUVEC_DISTRIBUTED_TIMEOUT" => Some(OsString::from("1e19")),
+            _ => None,
+        };
+        let options = options_from(&Env::from_fn(&lookup)).expect("options");
+        assert!(
+            options.timeout > std::time::Duration::from_secs(1 << 62),
+            "{:?}",
+            options.timeout
+        );
+        let nodes: Vec<Vec<String>> = (0..2)
+            .map(|_| {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+                vec![l.local_addr().expect("address").to_string()]
+            })
+            .collect();
+        let sums: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (nodes, options) = (&nodes, &options);
+                    s.spawn(move || {
+                        let group = connect_ring(nodes, rank, options).expect("connect");
+                        let mut data = vec![rank as u8 + 1; 100];
+                        group
+                            .communicator()
+                            .expect("a ring")
+                            .try_all_reduce(
+                                crate::reduce::Reduction::Sum,
+                                nuvec_core::DType::U8,
+                                &mut data,
+                            )
+                            .expect("all_sum");
+                        group.close();
+                        data
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank"))
+                .collect()
+        });
+        assert!(sums.iter().all(|d| d.iter().all(|&b| b == 3)));
+    }
+
+    #[test]
     fn backends_parse_by_mlx_names() {
         assert_eq!("any".parse::<Backend>().expect("any"), Backend::Any);
         assert_eq!("ring".parse::<Backend>().expect("ring"), Backend::Ring);

@@ -192,6 +192,39 @@ impl Transfer<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Checks what every fabric requires of a transfer on its own, whatever its channel: a
+    /// receive into a [`Landing::Sink`] must be a whole number of grains (else its last piece
+    /// could never be delivered). Every fabric calls this on each transfer of a step before a
+    /// byte moves, and fails the step with [`FailureKind::Invalid`] and this text otherwise:
+    /// the caller's mistake, not the peer's.
+    pub fn check_landing(&self) -> Result<(), String> {
+        if let Transfer::Recv {
+            channel,
+            landing: landing @ Landing::Sink { .. },
+        } = self
+        {
+            let (len, grain) = (landing.len(), landing.grain());
+            if !len.is_multiple_of(grain) {
+                return Err(format!(
+                    "a receive of {len} bytes on {channel} into a sink of {grain}-byte grains: \
+                     the length must be a whole number of grains"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The [`FailureKind::Invalid`] failure of this transfer, before any byte of it moved.
+    pub fn invalid(&self, what: String) -> FabricError {
+        FabricError {
+            channel: self.channel(),
+            direction: self.direction(),
+            done: 0,
+            total: self.len(),
+            kind: FailureKind::Invalid(what),
+        }
+    }
 }
 
 /// Whether a transfer sends or receives.
@@ -219,6 +252,10 @@ pub enum FailureKind {
     /// The peer closed the connection (or the link was cut).
     #[error("the connection was closed by the peer")]
     Closed,
+    /// The peer closed the connection during an operation that MLX refuses and this crate
+    /// runs: a Python MLX peer throws there and leaves. The text names MLX's rule.
+    #[error("the connection was closed by the peer, {0}")]
+    ClosedBeyondMlx(String),
     /// The transport reported an error.
     #[error("{0}")]
     Transport(String),

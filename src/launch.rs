@@ -24,6 +24,9 @@ pub const DEFAULT_STARTING_PORT: i64 = 32323;
 /// `127.0.0.1`).
 pub const LOCAL_HOSTS: [&str; 2] = ["127.0.0.1", "localhost"];
 
+/// The most ranks a job may have: every ring rank listens on at least one port of its own.
+pub const MAX_RANKS: usize = 65535;
+
 /// The help text (`-h`/`--help`).
 pub const USAGE: &str = "\
 usage: nuvec-launch [-h] [--verbose] [--hosts HOSTS] [-n N] [--hostfile HOSTFILE]
@@ -369,11 +372,24 @@ impl HostList {
     ///
     /// A [`UsageError`] when an entry is empty.
     pub fn from_list(list: &str, repeats: usize) -> Result<HostList, UsageError> {
-        let mut hosts = Vec::new();
-        for h in list.split(',') {
-            if h.is_empty() {
-                return Err(usage_error("Hostname cannot be empty"));
-            }
+        let names: Vec<&str> = list.split(',').collect();
+        if names.iter().any(|h| h.is_empty()) {
+            return Err(usage_error("Hostname cannot be empty"));
+        }
+        // Checked before a host is built: `-n 100000000000` must be an error, not a loop.
+        if names
+            .len()
+            .checked_mul(repeats)
+            .is_none_or(|ranks| ranks > MAX_RANKS)
+        {
+            return Err(usage_error(format!(
+                "argument -n: {repeats} rank(s) on each of {} host(s) is more than {MAX_RANKS} \
+                 ranks (a ring rank listens on a port of its own)",
+                names.len()
+            )));
+        }
+        let mut hosts = Vec::with_capacity(names.len() * repeats);
+        for h in names {
             let ips = if is_ip(h) {
                 vec![h.to_owned()]
             } else {
@@ -625,10 +641,11 @@ fn valid_key(key: &str) -> bool {
         && !key.as_bytes()[0].is_ascii_digit()
 }
 
-/// `host:port` for the ring hostfile; an IPv6 literal is bracketed (MLX splits at the first
-/// `:`, so it cannot use IPv6 either way; nuvec's ring reads `[addr]:port`).
+/// `host:port` for the ring hostfile and the JACCL coordinator; an IPv6 literal (with or
+/// without a zone, `fe80::1%en0`) is bracketed (MLX splits at the first `:`, so it cannot use
+/// IPv6 either way; nuvec reads `[addr]:port`).
 fn ring_address(ip: &str, port: i64) -> String {
-    if ip.parse::<Ipv6Addr>().is_ok() {
+    if ip.contains(':') {
         format!("[{ip}]:{port}")
     } else {
         format!("{ip}:{port}")
@@ -708,6 +725,17 @@ pub fn plan(args: &Args, list: HostList, terminal: (i64, i64)) -> Result<Plan, U
                     args.connections_per_ip
                 )));
             }
+            // The port range is checked before an address is built: a huge
+            // `--connections-per-ip` must be an error, not a loop.
+            let ips: u128 = hosts.iter().map(|h| h.ips.len() as u128).sum();
+            let last = args.starting_port as u128 + ips * args.connections_per_ip as u128 - 1;
+            if last > 65535 {
+                return Err(usage_error(format!(
+                    "the ring needs ports {} to {last}, beyond 65535; lower -p/--starting-port \
+                     or --connections-per-ip",
+                    args.starting_port
+                )));
+            }
             let mut port = args.starting_port;
             let mut nodes = Vec::with_capacity(hosts.len());
             for h in &hosts {
@@ -719,13 +747,6 @@ pub fn plan(args: &Args, list: HostList, terminal: (i64, i64)) -> Result<Plan, U
                     }
                 }
                 nodes.push(Value::Array(node));
-            }
-            if port - 1 > 65535 {
-                return Err(usage_error(format!(
-                    "the ring needs ports {} to {}, beyond 65535; lower -p/--starting-port",
-                    args.starting_port,
-                    port - 1
-                )));
             }
             if args.verbose {
                 env.push("MLX_RING_VERBOSE=1".to_owned());
@@ -778,8 +799,8 @@ pub fn plan(args: &Args, list: HostList, terminal: (i64, i64)) -> Result<Plan, U
                 )));
             }
             env.push(format!(
-                "MLX_JACCL_COORDINATOR={coordinator}:{}",
-                args.starting_port
+                "MLX_JACCL_COORDINATOR={}",
+                ring_address(coordinator, args.starting_port)
             ));
             if ring {
                 env.push("MLX_JACCL_RING=1".to_owned());
@@ -875,9 +896,34 @@ pub fn ssh_command(host: &str, script: &str) -> Vec<String> {
         .to_vec()
 }
 
-/// The script that kills a remote rank through its PID file (`make_kill_script`); it prints
-/// 1 when the process was still running, else 0.
+/// The PID file named by a line a remote rank printed, if the line is one: [`launch_script`]
+/// prints the path `mktemp` made before anything else, but a login banner (conda, nvm) may
+/// come first, and whatever is taken for the path ends up in [`kill_script`]. So only an
+/// absolute path of plain components (`[A-Za-z0-9_.+-]`, no `.` or `..`, at most 4096
+/// bytes) whose file name is `mktemp`'s (`tmp.` and letters or digits) is accepted.
+pub fn pidfile_path(line: &str) -> Option<&str> {
+    let path = line.trim();
+    let rest = path.strip_prefix('/')?;
+    if path.len() > 4096 {
+        return None;
+    }
+    let parts: Vec<&str> = rest.split('/').collect();
+    let plain = |c: &&str| {
+        !c.is_empty()
+            && *c != "."
+            && *c != ".."
+            && c.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.+-".contains(&b))
+    };
+    let name = parts.last()?.strip_prefix("tmp.")?;
+    let mktemp = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric());
+    (mktemp && parts.iter().all(plain)).then_some(path)
+}
+
+/// The script that kills a remote rank through its PID file (`make_kill_script`, with the
+/// path quoted); it prints 1 when the process was still running, else 0.
 pub fn kill_script(pidfile: &str) -> String {
+    let pidfile = shell_quote(pidfile);
     format!(
         "pid=$(cat {pidfile}); if ps -p $pid >/dev/null; then     kill $pid;     echo 1; \
          else     echo 0; fi; rm {pidfile}"
@@ -1346,6 +1392,95 @@ mod tests {
         assert_eq!(r.backend, LaunchBackend::JacclRing);
         assert_eq!(r.exports.last().unwrap().key, "MLX_JACCL_RING");
         assert!(r.exports.iter().all(|e| e.key != "MLX_RING_VERBOSE"));
+    }
+
+    #[test]
+    fn an_ipv6_jaccl_coordinator_is_bracketed_so_the_ranks_can_read_it() {
+        for (ip, want) in [
+            ("fe80::1", "[fe80::1]:5555"),
+            ("::1", "[::1]:5555"),
+            ("fe80::1%en0", "[fe80::1%en0]:5555"),
+        ] {
+            let hf = JACCL_MESH.replace("10.0.0.1", ip);
+            let p = plan_with(&["-p", "5555", "x"], &hf).unwrap();
+            let coordinator = p
+                .exports
+                .iter()
+                .find(|e| e.key == "MLX_JACCL_COORDINATOR")
+                .expect("a coordinator")
+                .value();
+            assert_eq!(coordinator, want);
+            // What `jaccl::Config::validate` checks of the coordinator (nuvec's reader takes
+            // no zones; bracketed, a zoned address is at least read as one address).
+            if !ip.contains('%') {
+                assert!(
+                    crate::hostfile::split_address(coordinator).is_ok(),
+                    "{coordinator}"
+                );
+                let read = crate::hostfile::resolve(coordinator).expect("the ranks read it");
+                assert_eq!(read[0].port(), 5555, "{coordinator}");
+            }
+        }
+    }
+
+    #[test]
+    fn huge_rank_and_connection_counts_are_usage_errors_before_anything_is_built() {
+        let started = std::time::Instant::now();
+        let e = plan_of(&[
+            "--hosts",
+            "127.0.0.1",
+            "--connections-per-ip",
+            "100000000000",
+            "x",
+        ])
+        .unwrap_err()
+        .0;
+        assert!(e.contains("beyond 65535"), "{e}");
+        let e = plan_of(&["--connections-per-ip", "9223372036854775807", "x"])
+            .unwrap_err()
+            .0;
+        assert!(e.contains("beyond 65535"), "{e}");
+        let e = plan_of(&["-n", "100000000000", "x"]).unwrap_err().0;
+        assert!(e.contains("more than 65535 ranks"), "{e}");
+        let e = plan_of(&["--hosts", "a,b", "-n", "9223372036854775807", "x"])
+            .unwrap_err()
+            .0;
+        assert!(e.contains("more than 65535 ranks"), "{e}");
+        assert!(plan_of(&["-n", "2", "--connections-per-ip", "3", "x"]).is_ok());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn only_a_plain_mktemp_path_is_taken_for_a_remote_ranks_pid_file() {
+        for ok in [
+            "/tmp/tmp.Ab12cD",
+            "/var/folders/x_/a-b+c/T/tmp.XyZ09",
+            " /tmp/tmp.q \r\n",
+        ] {
+            assert_eq!(pidfile_path(ok), Some(ok.trim()), "{ok:?}");
+        }
+        for bad in [
+            "conda: /tmp/victim activated",
+            "Welcome to Ubuntu",
+            "tmp/tmp.abc",
+            "/etc/motd",
+            "/tmp/tmp.",
+            "/tmp/tmp.a b",
+            "/tmp/../etc/tmp.abc",
+            "/tmp//tmp.abc",
+            "/tmp/tmp.abc;rm",
+            "/tmp/$(x)/tmp.abc",
+            "",
+        ] {
+            assert_eq!(pidfile_path(bad), None, "{bad:?}");
+        }
+        assert_eq!(pidfile_path(&format!("/{}/tmp.a", "d".repeat(5000))), None);
+        // A path that needs quoting would be quoted in the kill script.
+        assert!(kill_script("/tmp/a b").contains("rm '/tmp/a b'"));
     }
 
     #[test]

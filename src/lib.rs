@@ -58,6 +58,7 @@ pub mod hostfile;
 pub mod jaccl;
 #[doc(hidden)]
 pub mod launch;
+mod limits;
 mod log;
 mod options;
 pub mod reduce;

@@ -199,3 +199,92 @@ fn short_keys_are_refused_without_printing_them() {
     let options = keyed(SECRET);
     assert!(!format!("{options:?}").contains("horse"));
 }
+
+/// Connects to `addr`, retrying for 10 s while nobody listens there yet.
+fn connect_retry(addr: &str) -> TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => return s,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("cannot connect to {addr}: {e}"),
+        }
+    }
+}
+
+/// A keyed 2-rank ring where `strangers` connect to rank 1's address before its real
+/// neighbour can: rank 1 starts first (it connects to rank 0 before it accepts), the
+/// strangers connect once it listens and are handed to `stranger` (with a receiver that ends
+/// when the ranks have returned), and only then rank 0 starts. Returns the ranks' results
+/// and how long they took from rank 0's start.
+fn strangers_first(
+    strangers: usize,
+    timeout: Duration,
+    stranger: impl Fn(TcpStream, &std::sync::mpsc::Receiver<()>) + Sync,
+) -> (Vec<Result<RingGroup, nuvec_distributed::Error>>, Duration) {
+    let nodes = ports::free_nodes(2, 1);
+    let options = keyed(SECRET).timeout(timeout);
+    std::thread::scope(|s| {
+        let (nodes, options, stranger) = (&nodes, &options, &stranger);
+        let one = s.spawn(move || connect_ring(nodes, 1, options));
+        let mut stop = Vec::new();
+        for _ in 0..strangers {
+            let stream = connect_retry(&nodes[1][0]);
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            stop.push(tx);
+            s.spawn(move || stranger(stream, &rx));
+        }
+        let started = Instant::now();
+        let zero = s.spawn(move || connect_ring(nodes, 0, options));
+        let results = vec![zero.join().expect("rank 0"), one.join().expect("rank 1")];
+        let took = started.elapsed();
+        drop(stop);
+        (results, took)
+    })
+}
+
+#[test]
+fn a_slow_loris_stranger_before_the_neighbour_does_not_stop_a_keyed_group_forming() {
+    // The stranger sends a byte of a hello every 2 s: each byte came within the 5 s a read
+    // was allowed, so it held the acceptor for as long as it kept sending.
+    let (groups, took) = strangers_first(1, Duration::from_secs(12), |mut s, stop| {
+        for _ in 0..auth::HELLO {
+            if s.write_all(b"n").is_err() {
+                return;
+            }
+            // A slow peer, simulated; returns at once when the group has formed.
+            if stop.recv_timeout(Duration::from_secs(2))
+                != Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            {
+                return;
+            }
+        }
+    });
+    for (rank, g) in groups.iter().enumerate() {
+        if let Err(e) = g {
+            panic!("rank {rank} after {took:?}: {e}");
+        }
+    }
+    assert!(took < Duration::from_secs(4), "setup took {took:?}");
+    all_sum_works(groups);
+}
+
+#[test]
+fn silent_strangers_racing_the_neighbour_do_not_stop_a_keyed_group_forming() {
+    // Two strangers that connect just before the real neighbour and say nothing: each held
+    // the acceptor for 5 s in turn, longer than this setup's timeout.
+    let (groups, took) = strangers_first(2, Duration::from_secs(8), |_s, stop| {
+        // Holds the connection open, silent, until the ranks have returned.
+        let _ = stop.recv_timeout(Duration::from_secs(30));
+    });
+    for (rank, g) in groups.iter().enumerate() {
+        if let Err(e) = g {
+            panic!("rank {rank} after {took:?}: {e}");
+        }
+    }
+    assert!(took < Duration::from_secs(4), "setup took {took:?}");
+    all_sum_works(groups);
+}

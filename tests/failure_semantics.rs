@@ -186,3 +186,84 @@ fn a_timeout_set_before_an_operation_is_its_deadline() {
         "failed at {at:?}"
     );
 }
+
+/// Rank 0 of `size` ranks whose neighbours have left: every step fails at once with the
+/// connection closed, as when a Python MLX neighbour raised and exited.
+struct Deserted {
+    size: usize,
+}
+
+impl nuvec_distributed::fabric::Fabric for Deserted {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn kind(&self) -> nuvec_distributed::fabric::ChannelKind {
+        nuvec_distributed::fabric::ChannelKind::Stream
+    }
+
+    fn links(&self, peer: usize) -> usize {
+        usize::from(peer == 1 || peer == self.size - 1)
+    }
+
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn run(
+        &mut self,
+        step: &mut [nuvec_distributed::fabric::Transfer<'_>],
+        _deadline: Duration,
+    ) -> Result<(), nuvec_distributed::fabric::FabricError> {
+        let t = &step[0];
+        Err(nuvec_distributed::fabric::FabricError {
+            channel: t.channel(),
+            direction: t.direction(),
+            done: 0,
+            total: t.len(),
+            kind: nuvec_distributed::fabric::FailureKind::Closed,
+        })
+    }
+}
+
+#[test]
+fn a_peer_closing_during_an_all_reduce_mlx_refuses_fails_naming_mlxs_rule() {
+    use nuvec_distributed::fabric::FailureKind;
+    // 129 ranks, one 8-byte element: E < R and s·R = 1032 > 1024, where MLX throws.
+    let comm = RingCommunicator::new(Deserted { size: 129 }, 1, TIMEOUT);
+    let mut one = vec![0u8; 8];
+    let e = comm
+        .try_all_reduce(Reduction::Sum, DType::U64, &mut one)
+        .expect_err("the neighbours left");
+    let text = e.to_string();
+    match &e {
+        Error::Transport { source, .. } => {
+            assert!(
+                matches!(source.kind, FailureKind::ClosedBeyondMlx(_)),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    for words in [
+        "1032 > 1024",
+        "Can't perform the ring all reduce",
+        "at least 129 elements",
+    ] {
+        assert!(text.contains(words), "{words:?} in {text}");
+    }
+    // Within MLX's limit (s·R = 516), a close is only a close.
+    let comm = RingCommunicator::new(Deserted { size: 129 }, 1, TIMEOUT);
+    let mut one = vec![0u8; 4];
+    let e = comm
+        .try_all_reduce(Reduction::Sum, DType::F32, &mut one)
+        .expect_err("the neighbours left");
+    match &e {
+        Error::Transport { source, .. } => assert_eq!(source.kind, FailureKind::Closed, "{e}"),
+        other => panic!("{other:?}"),
+    }
+}

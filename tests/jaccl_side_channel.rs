@@ -899,3 +899,86 @@ fn rank_zero_cannot_listen_on_an_address_in_use() {
     );
     drop(held);
 }
+
+/// A 2-rank JACCL mesh's device matrix (each rank cabled to the other).
+fn two_rank_mesh() -> Vec<Vec<Vec<String>>> {
+    vec![
+        vec![vec![], vec!["rdma_en5".to_owned()]],
+        vec![vec!["rdma_en5".to_owned()], vec![]],
+    ]
+}
+
+#[test]
+fn a_timeout_too_large_for_a_deadline_connects_the_side_channel_and_the_tcp_cables() {
+    // `Duration::MAX` is the natural "no timeout"; neither the side channel's setup, its
+    // gathers nor JACCL over TCP's cable setup may overflow adding it to now.
+    let addr = free_addr();
+    let gathered: Vec<Vec<u8>> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let addr = &addr;
+                scope.spawn(move || {
+                    let mut side = SideChannel::connect(addr, rank, 2, Duration::MAX)?;
+                    let got = side.all_gather(&[rank as u8; 3])?;
+                    let config = nuvec_distributed::jaccl::Config::new(rank, two_rank_mesh())
+                        .coordinator(addr);
+                    let (fabric, _) =
+                        nuvec_distributed::jaccl::tcp::connect(&config, &mut side, Duration::MAX)?;
+                    drop(fabric);
+                    Ok::<_, Error>(got)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank").expect("connect"))
+            .collect()
+    });
+    for got in gathered {
+        assert_eq!(got, vec![0, 0, 0, 1, 1, 1]);
+    }
+}
+
+#[test]
+fn strangers_on_a_jaccl_tcp_listener_do_not_hold_up_the_real_cable() {
+    // Rank 1 of a 2-rank mesh over TCP accepts rank 0's cable. Rank 0 and the coordinator are
+    // scripted here: the coordinator learns rank 1's listen address from the all-gather, then
+    // a silent stranger and one that sends part of a hello connect first, and only then
+    // rank 0's real cable.
+    use nuvec_distributed::jaccl::tcp::{ADDRESS, decode_address, encode_address};
+    let (listener, addr) = scripted_coordinator();
+    let timeout = Duration::from_secs(20);
+    let rank_one = {
+        let addr = addr.clone();
+        thread::spawn(move || {
+            let started = Instant::now();
+            let mut side = SideChannel::connect(&addr, 1, 2, timeout)?;
+            let config =
+                nuvec_distributed::jaccl::Config::new(1, two_rank_mesh()).coordinator(&addr);
+            let fabric = nuvec_distributed::jaccl::tcp::connect(&config, &mut side, timeout);
+            Ok::<_, Error>((fabric.map(|_| ()), started.elapsed()))
+        })
+    };
+    let (mut one, _) = listener.accept().expect("rank 1 connects");
+    expect(&mut one, &le(1), "rank 1's hello");
+    let gathered = read_n(&mut one, ADDRESS);
+    let cable_to = decode_address(&gathered);
+    let ours = encode_address("127.0.0.1:9".parse().expect("an address"));
+    one.write_all(&[ours.as_slice(), gathered.as_slice()].concat())
+        .expect("the gathered addresses");
+    let silent = TcpStream::connect(cable_to).expect("a silent stranger");
+    let mut partial = TcpStream::connect(cable_to).expect("a stranger with part of a hello");
+    partial.write_all(b"NJT1\0").expect("five bytes");
+    let mut cable = TcpStream::connect(cable_to).expect("rank 0's cable");
+    let mut hello = b"NJT1".to_vec();
+    hello.extend_from_slice(&0u32.to_le_bytes());
+    hello.extend_from_slice(&0u32.to_le_bytes());
+    cable.write_all(&hello).expect("rank 0's hello");
+    let (connected, took) = rank_one
+        .join()
+        .expect("rank 1")
+        .expect("rank 1's side channel");
+    drop((silent, partial));
+    connected.unwrap_or_else(|e| panic!("rank 1 after {took:?}: {e}"));
+    assert!(took < Duration::from_secs(5), "rank 1 took {took:?}");
+}

@@ -908,3 +908,117 @@ fn the_environment_matches_mlx_launchs() {
         );
     }
 }
+
+#[test]
+fn a_login_banner_before_a_remote_ranks_pid_file_is_output_and_never_reaches_the_kill_script() {
+    let _job = exclusive();
+    let tmp = scratch("banner");
+    let bin = tmp.join("bin");
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    // A file named by the banner: a kill script that took the banner for the PID file's path
+    // would `rm` it.
+    let victim = tmp.join("victim");
+    std::fs::write(&victim, "keep me").expect("the victim file");
+    let log = tmp.join("kill-scripts.log");
+    // A stand-in for ssh, first on PATH: a login banner (as conda's), then the command here.
+    let ssh = bin.join("ssh");
+    std::fs::write(
+        &ssh,
+        "#!/bin/sh\n\
+         for script; do :; done\n\
+         if [ \"$#\" -eq 2 ]; then printf '%s\\n' \"$script\" >> \"$FAKE_SSH_LOG\"; fi\n\
+         echo \"conda: $FAKE_SSH_VICTIM activated\"\n\
+         exec bash -c \"$script\"\n",
+    )
+    .expect("the fake ssh");
+    let made = Command::new("chmod").arg("+x").arg(&ssh).status();
+    assert!(made.is_ok_and(|s| s.success()), "chmod");
+    // Rank 1 fails only once the test has seen rank 0 start (so rank 0's PID file line has
+    // been read), and the launcher then stops rank 0 through its kill script.
+    let go = tmp.join("go");
+    let made = Command::new("mkfifo").arg(&go).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+    let script = r#"if [ "$MLX_RANK" = 1 ]; then read go < "$FAKE_SSH_GO"; exit 7; fi
+echo ready; sleep 30 & wait"#;
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut child = nuvec_launch(
+        &tmp,
+        &["--hosts", "127.0.0.2,127.0.0.3", "--", "sh", "-c", script],
+    )
+    .env("PATH", path)
+    .env("FAKE_SSH_LOG", &log)
+    .env("FAKE_SSH_VICTIM", &victim)
+    .env("FAKE_SSH_GO", &go)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn nuvec-launch");
+    let launcher = child.id();
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(Some(line)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(None);
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut released = false;
+    let ended_stream = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Some(line)) => {
+                if line == "[rank 0] ready" && !released {
+                    released = true;
+                    let go = go.clone();
+                    // Blocks until rank 1 has opened the FIFO; detached, so a rank 1 that never
+                    // started cannot hang the test (the deadline below fails it).
+                    std::thread::spawn(move || std::fs::write(go, "go\n"));
+                }
+                lines.push(line);
+            }
+            Ok(None) => break true,
+            Err(_) => break false,
+        }
+    };
+    if !ended_stream {
+        let mut pids = descendants(launcher);
+        pids.push(launcher);
+        kill("KILL", &pids);
+        let _ = child.wait();
+        panic!("the job did not end within 30 s:\n{}", lines.join("\n"));
+    }
+    let status = child.wait().expect("wait for nuvec-launch");
+    let output = lines.join("\n");
+    assert_eq!(status.code(), Some(7), "{output}");
+    assert!(
+        victim.exists(),
+        "the banner's words reached the kill script's rm:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let banner = format!("[rank 0] conda: {} activated", victim.display());
+    assert!(
+        lines.contains(&banner),
+        "the banner is the rank's output: {output}"
+    );
+    let scripts = std::fs::read_to_string(&log).expect("a kill script ran");
+    let pidfile = scripts
+        .lines()
+        .find_map(|s| s.strip_prefix("pid=$(cat ")?.split_once(')'))
+        .map(|(path, _)| path.to_owned())
+        .unwrap_or_else(|| panic!("no kill script: {scripts}"));
+    assert!(
+        pidfile.starts_with('/') && Path::new(&pidfile).starts_with(&*tmp),
+        "{pidfile}"
+    );
+    assert!(!Path::new(&pidfile).exists(), "{pidfile} was not removed");
+}

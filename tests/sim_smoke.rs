@@ -38,3 +38,30 @@ fn four_ranks_sum_floats() {
         );
     }
 }
+
+#[test]
+fn a_sink_receive_that_is_not_a_whole_number_of_grains_is_invalid_on_the_simulator() {
+    use nuvec_distributed::fabric::{Channel, Fabric, FailureKind, Landing, Transfer};
+    let report = Sim::ring(2, 1).seed(3).run(|mut fabric| {
+        if fabric.rank() == 1 {
+            return None;
+        }
+        let mut sink = |_: usize, _: &[u8]| {};
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Sink {
+                len: 6,
+                grain: 4,
+                sink: &mut sink,
+            },
+        }];
+        Some(fabric.run(&mut step, Duration::from_secs(10)))
+    });
+    match &report.outcomes[0] {
+        Outcome::Returned(Some(Err(e))) => match &e.kind {
+            FailureKind::Invalid(what) => assert!(what.contains("whole number of grains"), "{e}"),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+}

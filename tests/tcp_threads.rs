@@ -182,3 +182,38 @@ fn buffers_at_every_kind_of_page_offset_receive_exactly_their_bytes() {
         }
     }
 }
+
+#[test]
+fn a_group_forms_and_reduces_with_a_timeout_too_large_for_a_deadline() {
+    // `Duration::MAX` is the natural "no timeout"; 9.3e18 s is a `NUVEC_DISTRIBUTED_TIMEOUT`
+    // value the environment accepts. Neither fits an `Instant` once added to now.
+    let plain = Options::default();
+    let keyed = Options::default()
+        .key("a secret of sixteen bytes or more")
+        .expect("a key");
+    for timeout in [Duration::MAX, Duration::from_secs_f64(9.3e18)] {
+        for options in [&plain, &keyed] {
+            let options = options.clone().timeout(timeout);
+            let nodes = ports::free_nodes(2, 2);
+            let out: Vec<Vec<u8>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..2)
+                    .map(|rank| {
+                        let (nodes, options) = (&nodes, &options);
+                        s.spawn(move || {
+                            let g = connect_ring(nodes, rank, options).expect("connect");
+                            let mut d = vec![rank as u8 + 1; 1000];
+                            g.communicator()
+                                .expect("a ring")
+                                .try_all_reduce(Reduction::Sum, DType::U8, &mut d)
+                                .expect("all_sum");
+                            g.close();
+                            d
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("rank")).collect()
+            });
+            assert!(out.iter().all(|d| d.iter().all(|&b| b == 3)), "{timeout:?}");
+        }
+    }
+}

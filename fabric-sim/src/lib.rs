@@ -674,21 +674,7 @@ impl Shared {
                     kind: FailureKind::Invalid(format!("rank {rank} has no channel {channel}")),
                 });
             }
-            if let Transfer::Recv { landing, .. } = t
-                && !landing.len().is_multiple_of(landing.grain())
-            {
-                return Err(FabricError {
-                    channel,
-                    direction: Direction::Recv,
-                    done: 0,
-                    total: landing.len(),
-                    kind: FailureKind::Invalid(format!(
-                        "{} bytes is not a multiple of the grain {}",
-                        landing.len(),
-                        landing.grain()
-                    )),
-                });
-            }
+            t.check_landing().map_err(|what| t.invalid(what))?;
             progress.push(Progress { done: 0, mark: 0 });
         }
         if world.uc.is_some() {

@@ -530,7 +530,8 @@ impl Job {
     }
 
     /// Copies a rank's stream line by line to this process's, each line prefixed with the
-    /// rank; a remote rank's first stdout line is its PID file, kept rather than printed.
+    /// rank; a remote rank's PID file line (its first line that is one, see
+    /// [`launch::pidfile_path`]) is kept rather than printed.
     fn forward(
         &mut self,
         rank: usize,
@@ -551,13 +552,16 @@ impl Job {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {}
                 }
-                if awaiting_pidfile {
-                    awaiting_pidfile = false;
-                    if let Some(slot) = &pidfile {
-                        let text = String::from_utf8_lossy(&line).trim().to_owned();
-                        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(text);
+                if awaiting_pidfile && let Some(slot) = &pidfile {
+                    // Lines before the PID file's (a login banner) are the rank's output; only
+                    // a path `launch::pidfile_path` accepts ever reaches the kill script.
+                    let text = String::from_utf8_lossy(&line);
+                    if let Some(path) = launch::pidfile_path(&text) {
+                        awaiting_pidfile = false;
+                        *slot.lock().unwrap_or_else(PoisonError::into_inner) =
+                            Some(path.to_owned());
+                        continue;
                     }
-                    continue;
                 }
                 let mut text = Vec::with_capacity(prefix.len() + line.len() + 1);
                 text.extend_from_slice(prefix.as_bytes());

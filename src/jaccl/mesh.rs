@@ -11,6 +11,11 @@
 //!   rank order, which is one of MLX's possible results and the same on every run.
 //! - **all-gather** and **send/recv** to any peer.
 //!
+//! Scratch: a fold of blocks of n bytes (the whole buffer, or a shard) takes a slot per peer
+//! and, on rank 0 only, an accumulator: at most R·n bytes, besides
+//! a staging frame per peer; a 2-rank all-reduce of n bytes takes 2n on rank 0 and n on
+//! rank 1.
+//!
 //! The messages on every queue pair are MLX's: the same count, each one frame long with the
 //! payload at the front. A whole operation is one fabric step; how many frames are in flight at
 //! once is the fabric's business (the RDMA fabric keeps MLX's two).
@@ -86,8 +91,8 @@ pub fn all_reduce<F: Fabric + ?Sized>(
             let n = shard * s;
             let (shards, tail) = data.split_at_mut(n * mesh.size);
             if n > 0 {
-                scatter_fold(fabric, mesh, reducer, shards, scratch, deadline)?;
-                shards[mesh.rank * n..(mesh.rank + 1) * n].copy_from_slice(&scratch.acc);
+                let folded = scatter_fold(fabric, mesh, reducer, shards, scratch, deadline)?;
+                shards[mesh.rank * n..(mesh.rank + 1) * n].copy_from_slice(folded);
                 gather_in_place(fabric, mesh, shards, n, scratch, deadline)?;
             }
             if !tail.is_empty() {
@@ -107,37 +112,42 @@ fn fold<F: Fabric + ?Sized>(
     scratch: &mut Scratch,
     deadline: Duration,
 ) -> Result<(), FabricError> {
-    exchange_fold(fabric, mesh, reducer, data, false, scratch, deadline)?;
-    data.copy_from_slice(&scratch.acc);
+    let folded = exchange_fold(fabric, mesh, reducer, data, false, scratch, deadline)?;
+    data.copy_from_slice(folded);
     Ok(())
 }
 
-/// Sends shard p of `shards` (R shards of `n` bytes) to every peer p and folds shard `rank` of
-/// every rank, in rank order, into `scratch.acc`.
-fn scatter_fold<F: Fabric + ?Sized>(
+/// Sends shard p of `shards` (R shards of `n` bytes) to every peer p and returns the fold of
+/// shard `rank` of every rank, in rank order.
+fn scatter_fold<'s, F: Fabric + ?Sized>(
     fabric: &mut F,
     mesh: &MeshTopology,
     reducer: Reducer,
     shards: &[u8],
-    scratch: &mut Scratch,
+    scratch: &'s mut Scratch,
     deadline: Duration,
-) -> Result<(), FabricError> {
+) -> Result<&'s [u8], FabricError> {
     exchange_fold(fabric, mesh, reducer, shards, true, scratch, deadline)
 }
 
 /// The one exchange of the mesh's folds: to every peer p this rank sends `input` whole, or,
 /// when `sharded`, shard p of its R equal shards; it receives the peers' blocks of the same
-/// size and leaves `((x₀ ⊕ x₁) ⊕ x₂) …` in `scratch.acc`, with its own block (or shard) in its
-/// place. MLX folds shards in the order they complete; rank order is one of its results.
-fn exchange_fold<F: Fabric + ?Sized>(
+/// size and returns `((x₀ ⊕ x₁) ⊕ x₂) …`, with its own block (or shard) in its place. MLX
+/// folds shards in the order they complete; rank order is one of its results.
+///
+/// The scratch holds a slot per peer only, (R−1)·n bytes for blocks of n, and the fold runs
+/// in rank 0's slot; rank 0, whose block is not in a slot, folds into `scratch.acc` (n more
+/// bytes). So the fold takes at most R·n bytes of scratch (2 ranks: 2n on rank 0, n on
+/// rank 1), besides the staging frames.
+fn exchange_fold<'s, F: Fabric + ?Sized>(
     fabric: &mut F,
     mesh: &MeshTopology,
     reducer: Reducer,
     input: &[u8],
     sharded: bool,
-    scratch: &mut Scratch,
+    scratch: &'s mut Scratch,
     deadline: Duration,
-) -> Result<(), FabricError> {
+) -> Result<&'s [u8], FabricError> {
     let n = if sharded {
         input.len() / mesh.size
     } else {
@@ -157,12 +167,13 @@ fn exchange_fold<F: Fabric + ?Sized>(
     } = scratch;
     acc.clear();
     if n == 0 {
-        return Ok(());
+        return Ok(&[]);
     }
     let frame = mesh.rule.frame(n);
     let count = n.div_ceil(frame);
     received.clear();
-    received.resize(n * mesh.size, 0);
+    // Slot i holds the block of the i-th peer in rank order.
+    received.resize(n * (mesh.size - 1), 0);
     {
         let (mut tails, zeros) = staging.prepare(frame, mesh.size);
         for (p, tail) in tails.iter_mut().enumerate() {
@@ -170,10 +181,8 @@ fn exchange_fold<F: Fabric + ?Sized>(
         }
         let tails: Vec<&[u8]> = tails.into_iter().map(|t| &*t).collect();
         let mut sinks: Vec<(Channel, Sink<'_>)> = Vec::new();
-        for (p, into) in received.chunks_mut(n).enumerate() {
-            if p != mesh.rank {
-                recv_sinks(&mut sinks, mesh.channel(p), into, frame, count, Keep::Copy);
-            }
+        for (p, into) in mesh.peers().zip(received.chunks_mut(n)) {
+            recv_sinks(&mut sinks, mesh.channel(p), into, frame, count, Keep::Copy);
         }
         let mut step: Step<'_> = Vec::with_capacity(2 * count * (mesh.size - 1));
         for p in mesh.peers() {
@@ -191,19 +200,25 @@ fn exchange_fold<F: Fabric + ?Sized>(
         push_recvs(&mut step, &mut sinks, frame, reducer.element_size());
         fabric.run(&mut step, deadline)?;
     }
-    for r in 0..mesh.size {
-        let x: &[u8] = if r == mesh.rank {
+    // Fold in rank order into rank 0's block: its slot, or on rank 0 a copy of its own.
+    let (fold, rest): (&mut [u8], &[u8]) = if mesh.rank == 0 {
+        acc.extend_from_slice(block(0));
+        (acc, received)
+    } else {
+        let (first, rest) = received.split_at_mut(n);
+        (first, rest)
+    };
+    // Peers after rank 0 in `rest`, in rank order.
+    let mut peers = rest.chunks(n);
+    for r in 1..mesh.size {
+        let x = if r == mesh.rank {
             block(r)
         } else {
-            &received[r * n..(r + 1) * n]
+            peers.next().unwrap_or_default()
         };
-        if r == 0 {
-            acc.extend_from_slice(x);
-        } else {
-            reducer.apply(acc, x);
-        }
+        reducer.apply(fold, x);
     }
-    Ok(())
+    Ok(fold)
 }
 
 /// MLX's `sum_scatter` (with any reduction): `input` holds R shards of `output.len()` bytes;
@@ -226,8 +241,8 @@ pub fn sum_scatter<F: Fabric + ?Sized>(
         output.copy_from_slice(input);
         return Ok(());
     }
-    scatter_fold(fabric, mesh, reducer, input, scratch, deadline)?;
-    output.copy_from_slice(&scratch.acc);
+    let folded = scatter_fold(fabric, mesh, reducer, input, scratch, deadline)?;
+    output.copy_from_slice(folded);
     Ok(())
 }
 

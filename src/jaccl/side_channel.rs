@@ -34,7 +34,7 @@
 //!   back this rank's own block unchanged, that barriers carry 0.
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::error::Error;
 use crate::hostfile;
+use crate::limits;
 
 /// The most bytes one vector all-gather may move to a rank (R times the longest vector), so a
 /// garbled length cannot make a rank allocate without bound.
@@ -252,7 +253,7 @@ impl SideChannel {
                 }
             ))
         })?;
-        let deadline = Instant::now() + timeout;
+        let deadline = limits::deadline_in(timeout);
         let fail = |what: String| Error::Connect {
             rank,
             what: format!("jaccl: side channel: {what}"),
@@ -578,7 +579,7 @@ impl SideChannel {
             return Ok(out);
         }
         let timeout = self.timeout;
-        let deadline = Instant::now() + timeout;
+        let deadline = limits::deadline_in(timeout);
         let fail = |doing: String, short: Short| Error::Connect {
             rank,
             what: format!(
@@ -638,7 +639,7 @@ fn read_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<
         stream
             .set_read_timeout(Some(left))
             .map_err(|e| short(Stall::Io(e)))?;
-        match stream.read(&mut buf[done..]) {
+        match limits::read(&mut *stream, &mut buf[done..]) {
             Ok(0) => return Err(short(Stall::Closed)),
             Ok(k) => done += k,
             Err(e) if is_wait(&e) => {}
@@ -662,7 +663,7 @@ fn write_by(stream: &mut TcpStream, buf: &[u8], deadline: Instant) -> Result<(),
         stream
             .set_write_timeout(Some(left))
             .map_err(|e| short(Stall::Io(e)))?;
-        match stream.write(&buf[done..]) {
+        match limits::write(&mut *stream, &buf[done..]) {
             Ok(0) => return Err(short(Stall::Closed)),
             Ok(k) => done += k,
             Err(e) if is_wait(&e) => {}
@@ -751,7 +752,7 @@ fn accept_ranks(
         while i < pending.len() {
             let p = &mut pending[i];
             let outcome = loop {
-                match p.stream.read(&mut p.hello[p.got..]) {
+                match limits::read(&mut p.stream, &mut p.hello[p.got..]) {
                     Ok(0) => break Some(Err("closed".to_owned())),
                     Ok(k) => {
                         p.got += k;
@@ -901,7 +902,7 @@ fn connect_to_coordinator(
             }
         }
         let now = Instant::now();
-        if now + wait >= deadline {
+        if limits::deadline(now, wait) >= deadline {
             return Err(format!(
                 "cannot reach the coordinator {coordinator} (rank 0) after {attempts} attempt{} \
                  in {timeout:?}: {last}",

@@ -9,14 +9,16 @@
 //! connection: in a mesh, rank i connects to every rank j > i; in a ring, every rank connects
 //! its C wires to its right neighbour. A connection opens with a 12-byte hello (`b"NJT1"`, the
 //! opener's rank and the cable, little-endian `u32`s), so the acceptor knows which channel it
-//! is. The channels are numbered as [`Wiring`](crate::fabric::Wiring) numbers them, so the
+//! is. The acceptor reads the hellos of all its accepted connections at once without blocking,
+//! so a connection that sends no whole hello (a stranger) holds up no cable; it is dropped
+//! once the real cables are in, or named when the deadline passes. The channels are numbered as [`Wiring`](crate::fabric::Wiring) numbers them, so the
 //! mesh's channel to `p` is link 0 and the ring's `right_[w]`/`left_[w]` are
 //! [`RingTopology::channel`](crate::ring::RingTopology::channel)'s.
 //!
 //! This is not wire-compatible with anything of MLX's (MLX's JACCL speaks only RDMA): it exists
 //! to exercise the algorithms, the side channel and the failure handling across processes.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -26,6 +28,7 @@ use mio::{Events, Interest, Poll, Token};
 use super::config::{Config, Topology};
 use super::side_channel::SideChannel;
 use crate::error::Error;
+use crate::limits;
 use crate::tcp::TcpFabric;
 
 /// The first bytes of every connection.
@@ -47,7 +50,7 @@ pub fn connect(
 ) -> Result<(TcpFabric, Topology), Error> {
     let (rank, size) = (config.rank(), config.size());
     let topology = config.topology()?;
-    let deadline = Instant::now() + timeout;
+    let deadline = limits::deadline_in(timeout);
     let fail = |what: String| Error::Connect {
         rank,
         what: format!("jaccl over tcp: {what}"),
@@ -86,19 +89,19 @@ pub fn connect(
     for &(peer, cable) in &opens {
         let to = address(peer);
         let left_over = deadline.saturating_duration_since(Instant::now());
-        let mut stream = TcpStream::connect_timeout(&to, left_over.max(Duration::from_millis(1)))
+        let stream = TcpStream::connect_timeout(&to, left_over.max(Duration::from_millis(1)))
             .map_err(|e| {
-            fail(format!(
-                "cannot connect cable {cable} to rank {peer} at {to}: {e}"
-            ))
-        })?;
+                fail(format!(
+                    "cannot connect cable {cable} to rank {peer} at {to}: {e}"
+                ))
+            })?;
         let mut hello = [0u8; HELLO];
         hello[..4].copy_from_slice(MAGIC);
         hello[4..8].copy_from_slice(&(rank as u32).to_le_bytes());
         hello[8..].copy_from_slice(&(cable as u32).to_le_bytes());
         stream
             .set_write_timeout(Some(left_over.max(Duration::from_millis(1))))
-            .and_then(|()| stream.write_all(&hello))
+            .and_then(|()| limits::write_all(&stream, &hello))
             .map_err(|e| fail(format!("cannot greet rank {peer} on cable {cable}: {e}")))?;
         opened.push(stream);
     }
@@ -145,8 +148,20 @@ pub fn decode_address(bytes: &[u8]) -> SocketAddr {
     SocketAddr::new(ip, u16::from_le_bytes([bytes[16], bytes[17]]))
 }
 
-/// Accepts the cables in `expected` (peer, cable), reading each one's hello; connections with
-/// a wrong hello are dropped.
+/// An accepted connection whose hello is not complete yet.
+struct Pending {
+    stream: mio::net::TcpStream,
+    from: SocketAddr,
+    hello: [u8; HELLO],
+    got: usize,
+}
+
+/// Accepts the cables in `expected` (peer, cable), reading each one's hello; connections that
+/// close or fail before a whole hello, or whose magic is wrong, are dropped.
+///
+/// Hellos are read without blocking, from every accepted connection at once, never past the
+/// hello (what follows belongs to the first operation): a connection that sends part of a
+/// hello, or nothing, holds up no other, and only waits with them for the deadline.
 fn accept_cables(
     listener: &mut TcpListener,
     expected: &[(usize, usize)],
@@ -161,7 +176,75 @@ fn accept_cables(
         .register(listener, LISTENER, Interest::READABLE)
         .map_err(|e| format!("cannot poll the listener: {e}"))?;
     let mut got: Vec<(usize, usize, TcpStream)> = Vec::new();
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut next_token = 1;
     while got.len() < expected.len() {
+        loop {
+            let (mut stream, from) = match listener.accept() {
+                Ok(pair) => pair,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
+                Err(e) => return Err(format!("accepting: {e}")),
+            };
+            poll.registry()
+                .register(&mut stream, Token(next_token), Interest::READABLE)
+                .map_err(|e| format!("cannot poll a connection from {from}: {e}"))?;
+            next_token += 1;
+            pending.push(Pending {
+                stream,
+                from,
+                hello: [0; HELLO],
+                got: 0,
+            });
+        }
+        // Read what each connection has sent of its hello.
+        let mut i = 0;
+        while i < pending.len() {
+            let p = &mut pending[i];
+            let outcome = loop {
+                match limits::read(&mut p.stream, &mut p.hello[p.got..]) {
+                    Ok(0) => break Some(false),
+                    Ok(k) => {
+                        p.got += k;
+                        if p.got == HELLO {
+                            break Some(true);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break Some(false),
+                }
+            };
+            let Some(complete) = outcome else {
+                i += 1;
+                continue;
+            };
+            let mut p = pending.swap_remove(i);
+            let _ = poll.registry().deregister(&mut p.stream);
+            if !complete || &p.hello[..4] != MAGIC {
+                // Not one of ours (or it gave up): drop it.
+                continue;
+            }
+            let hello = p.hello;
+            let peer = u32::from_le_bytes([hello[4], hello[5], hello[6], hello[7]]) as usize;
+            let cable = u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]) as usize;
+            let from = p.from;
+            if peer >= size || !expected.contains(&(peer, cable)) {
+                return Err(format!(
+                    "a connection from {from} says it is rank {peer} cable {cable}, which this rank does not expect"
+                ));
+            }
+            if got.iter().any(|(gp, gc, _)| (*gp, *gc) == (peer, cable)) {
+                return Err(format!(
+                    "rank {peer} cable {cable} connected twice (the second from {from})"
+                ));
+            }
+            got.push((peer, cable, TcpStream::from(p.stream)));
+        }
+        if got.len() == expected.len() {
+            break;
+        }
         let now = Instant::now();
         if now >= deadline {
             let missing: Vec<String> = expected
@@ -169,48 +252,25 @@ fn accept_cables(
                 .filter(|(p, c)| !got.iter().any(|(gp, gc, _)| (gp, gc) == (p, c)))
                 .map(|(p, c)| format!("rank {p} cable {c}"))
                 .collect();
+            let strangers = if pending.is_empty() {
+                String::new()
+            } else {
+                let from: Vec<String> = pending.iter().map(|p| p.from.to_string()).collect();
+                format!(
+                    " ({} connection(s) sent no whole hello: {})",
+                    pending.len(),
+                    from.join(", ")
+                )
+            };
             return Err(format!(
-                "timed out after {timeout:?} waiting for {}",
+                "timed out after {timeout:?} waiting for {}{strangers}",
                 missing.join(", ")
             ));
         }
-        poll.poll(&mut events, Some(deadline - now))
-            .map_err(|e| format!("polling the listener: {e}"))?;
-        loop {
-            let (stream, from) = match listener.accept() {
-                Ok(pair) => pair,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
-                Err(e) => return Err(format!("accepting: {e}")),
-            };
-            // The hello follows the connection at once; read it with the time left.
-            let mut stream: TcpStream = stream.into();
-            let left_over = deadline.saturating_duration_since(Instant::now());
-            let mut hello = [0u8; HELLO];
-            let read = stream
-                .set_nonblocking(false)
-                .and_then(|()| {
-                    stream.set_read_timeout(Some(left_over.max(Duration::from_millis(1))))
-                })
-                .and_then(|()| stream.read_exact(&mut hello));
-            if read.is_err() || &hello[..4] != MAGIC {
-                // Not one of ours (or it gave up): ignore it.
-                continue;
-            }
-            let peer = u32::from_le_bytes([hello[4], hello[5], hello[6], hello[7]]) as usize;
-            let cable = u32::from_le_bytes([hello[8], hello[9], hello[10], hello[11]]) as usize;
-            if peer >= size || !expected.contains(&(peer, cable)) {
-                return Err(format!(
-                    "a connection from {from} says it is rank {peer} cable {cable}, which this rank does not expect"
-                ));
-            }
-            if got.iter().any(|(p, c, _)| (*p, *c) == (peer, cable)) {
-                return Err(format!(
-                    "rank {peer} cable {cable} connected twice (the second from {from})"
-                ));
-            }
-            got.push((peer, cable, stream));
+        match poll.poll(&mut events, Some(deadline - now)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("polling the listener: {e}")),
         }
     }
     Ok(got)

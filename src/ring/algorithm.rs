@@ -19,8 +19,8 @@ use smallvec::SmallVec;
 
 use super::RingTopology;
 use super::schedule::{
-    self, Flow, Part, Phase, Side, all_gather_plan, all_gather_step, all_reduce_plan,
-    all_reduce_step, all_reduce_steps, p2p_split, segment,
+    self, Flow, MLX_SMALL_PATH_LIMIT, Part, Phase, Side, all_gather_plan, all_gather_step,
+    all_reduce_plan, all_reduce_step, all_reduce_steps, beyond_mlx_small_path, p2p_split, segment,
 };
 use crate::fabric::{Channel, Direction, Fabric, FabricError, FailureKind, Landing, Transfer};
 use crate::reduce::Reducer;
@@ -105,11 +105,31 @@ pub fn all_reduce<F: Fabric + ?Sized>(
             scratch.clear();
             scratch.resize(padded * s, 0);
             scratch[..data.len()].copy_from_slice(data);
-            sub_reduces(fabric, ring, reducer, scratch, &plan.parts, deadline)?;
+            let elements = data.len() / s;
+            sub_reduces(fabric, ring, reducer, scratch, &plan.parts, deadline)
+                .map_err(|e| beyond_mlx(e, elements, s, ring.size()))?;
             data.copy_from_slice(&scratch[..data.len()]);
             Ok(())
         }
     }
+}
+
+/// A peer's close during an all-reduce where MLX throws (E < R, s·R > 1024: a Python MLX rank
+/// raises and leaves) becomes [`FailureKind::ClosedBeyondMlx`], naming the rule, so the error
+/// says why rather than only that the peer left.
+fn beyond_mlx(mut e: FabricError, elements: usize, s: usize, ranks: usize) -> FabricError {
+    if e.kind == FailureKind::Closed && beyond_mlx_small_path(elements, s, ranks) {
+        e.kind = FailureKind::ClosedBeyondMlx(format!(
+            "during an all-reduce of {elements} element(s) of {s} bytes on {ranks} ranks, which \
+             MLX refuses (fewer elements than ranks and element size × ranks = {} > \
+             {MLX_SMALL_PATH_LIMIT} bytes: it throws \"Can't perform the ring all reduce\"); a \
+             ring with a Python MLX rank needs at least {ranks} elements here, or elements of \
+             at most {} bytes",
+            s * ranks,
+            MLX_SMALL_PATH_LIMIT / ranks
+        ));
+    }
+    e
 }
 
 /// Runs the sub-reduces of `parts` over `data` in lockstep: step t of every part at once.

@@ -80,6 +80,18 @@ pub const fn ceil_div(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
 
+/// MLX's limit on its all-reduce's small path (E < R, reference §2.6.1): it throws ("Can't
+/// perform the ring all reduce") when the element size times the ranks, s·R, exceeds this
+/// many bytes (its stack buffer). This crate runs such an all-reduce in a ring of its own
+/// ranks; a ring with a Python MLX rank fails it (see [`beyond_mlx_small_path`]).
+pub const MLX_SMALL_PATH_LIMIT: usize = 1024;
+
+/// Whether an all-reduce of `elements` elements of `element_size` bytes over `ranks` ranks
+/// takes the small path where MLX throws: E < R and s·R > [`MLX_SMALL_PATH_LIMIT`].
+pub fn beyond_mlx_small_path(elements: usize, element_size: usize, ranks: usize) -> bool {
+    ranks >= 2 && elements < ranks && element_size.saturating_mul(ranks) > MLX_SMALL_PATH_LIMIT
+}
+
 /// The plan of an all-reduce of `elements` elements of `element_size` bytes over `ranks` ranks
 /// with `conns` connections per neighbour (MLX §2.6.1–2.6.2). An empty all-reduce is MLX's small
 /// path like any E < R: MLX exchanges R zero elements even then.

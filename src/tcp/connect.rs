@@ -7,6 +7,13 @@
 //! handshake). Unlike MLX, every wait is bounded by one deadline for the whole setup, a
 //! connector retries while its peer is not listening yet, and each failure names the address
 //! and the rank.
+//!
+//! With a key ([`crate::auth`]), an acceptor authenticates every connection it accepts at
+//! once, beside the others, each within [`HANDSHAKE`] (5 s) of its arrival in all, however
+//! it trickles its bytes; the first to prove the key takes the listener's place. An opener
+//! whose handshake gets no answer, or sees the connection close, opens a new connection and
+//! tries again until the deadline; one told the key is wrong fails at once. So strangers,
+//! silent or slow, neither join nor block a forming group.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
@@ -19,6 +26,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 use crate::auth::{self, Acceptor, Key, Opener};
 use crate::error::Error;
 use crate::hostfile;
+use crate::limits;
 use crate::log::Log;
 
 /// The longest a connection may take to authenticate: a stranger that connects and says
@@ -45,7 +53,7 @@ pub(crate) fn connect_ring(
     log: &Log,
 ) -> Result<RingSockets, Error> {
     let size = nodes.len();
-    let deadline = Instant::now() + timeout;
+    let deadline = limits::deadline_in(timeout);
     let fail = |what: String| Error::Connect { rank, what };
     let right = (rank + 1) % size;
     let left = (rank + size - 1) % size;
@@ -145,85 +153,188 @@ struct Who<'a> {
     key: Option<&'a Key>,
 }
 
-/// Runs `exchange` on `stream` in blocking mode with every read and write bounded by the
-/// handshake time (and the setup deadline).
-fn bounded<T>(
-    stream: &TcpStream,
-    deadline: Instant,
-    exchange: impl FnOnce(&TcpStream) -> io::Result<T>,
-) -> io::Result<T> {
-    let limit = deadline
-        .saturating_duration_since(Instant::now())
-        .min(HANDSHAKE)
-        .max(Duration::from_millis(1));
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(limit))?;
-    stream.set_write_timeout(Some(limit))?;
-    let result = exchange(stream);
-    stream.set_read_timeout(None)?;
-    stream.set_write_timeout(None)?;
-    result
-}
-
-/// The acceptor's half of the handshake on an accepted connection.
-fn authenticate_opener(
-    stream: &TcpStream,
-    who: Who<'_>,
-    link: usize,
-    key: &Key,
-    deadline: Instant,
-) -> Result<(), String> {
-    use std::io::{Read, Write};
-    bounded(stream, deadline, |mut s| {
-        let mut hello = [0u8; auth::HELLO];
-        s.read_exact(&mut hello)?;
-        let (acceptor, reply) =
-            Acceptor::new(key, who.rank as u32, who.peer as u32, link as u32, &hello)
-                .map_err(io::Error::other)?;
-        s.write_all(&reply)?;
-        let mut proof = [0u8; auth::NONCE];
-        s.read_exact(&mut proof)?;
-        acceptor.finish(&proof).map_err(io::Error::other)
-    })
-    .map_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-            "it sent no authentication in time".to_string()
+/// Reads exactly `buf.len()` bytes before `until`: the socket's read timeout is what is left
+/// of the time before each read, so a peer that trickles bytes gets no more time in all.
+fn read_until(stream: &TcpStream, buf: &mut [u8], until: Instant) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
         }
-        io::ErrorKind::UnexpectedEof => "it closed the connection during authentication".into(),
-        _ => e.to_string(),
-    })
+        stream.set_read_timeout(Some(left))?;
+        match limits::read(stream, &mut buf[done..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if is_wait(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
-/// The opener's half of the handshake on a new connection.
+/// Writes all of `buf` before `until` (as [`read_until`]).
+fn write_until(stream: &TcpStream, buf: &[u8], until: Instant) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match limits::write(stream, &buf[done..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if is_wait(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A socket call that timed out or was interrupted: try again while time is left.
+fn is_wait(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+/// Why the opener's half of a handshake failed, and whether trying again may help.
+struct Refused {
+    why: String,
+    /// The connection failed (closed, timed out), not the protocol: a new connection may
+    /// succeed (the acceptor may have been busy, or have dropped this one as a stranger).
+    retry: bool,
+}
+
+/// The opener's half of the handshake on a new connection, all of it before `until`.
 fn authenticate_acceptor(
     stream: &TcpStream,
     who: Who<'_>,
     link: usize,
     key: &Key,
-    deadline: Instant,
-) -> Result<(), String> {
-    use std::io::{Read, Write};
-    bounded(stream, deadline, |mut s| {
+    until: Instant,
+) -> Result<(), Refused> {
+    let exchange = || {
+        stream.set_nonblocking(false)?;
         let opener = Opener::new(key, who.rank as u32, who.peer as u32, link as u32);
-        s.write_all(opener.hello())?;
+        write_until(stream, opener.hello(), until)?;
         let mut reply = [0u8; 2 * auth::NONCE];
-        s.read_exact(&mut reply)?;
+        read_until(stream, &mut reply, until)?;
         let proof = opener.finish(&reply).map_err(io::Error::other)?;
-        s.write_all(&proof)
-    })
-    .map_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-            "it did not answer the authentication in time (no key on its side?)".to_string()
-        }
-        io::ErrorKind::UnexpectedEof => {
-            "it closed the connection during authentication (a different key?)".into()
-        }
-        _ => e.to_string(),
+        write_until(stream, &proof, until)?;
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(None)
+    };
+    exchange().map_err(|e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Refused {
+            why: "it did not answer the authentication in time (no key on its side?)".into(),
+            retry: true,
+        },
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => Refused {
+            why: "it closed the connection during authentication (a different key?)".into(),
+            retry: true,
+        },
+        // The protocol said no (a wrong proof): another connection would say the same.
+        io::ErrorKind::Other => Refused {
+            why: e.to_string(),
+            retry: false,
+        },
+        _ => Refused {
+            why: e.to_string(),
+            retry: true,
+        },
     })
 }
 
-/// Accepts exactly one connection on each listener, in order; with a key, connections that
-/// fail to authenticate are dropped and the listener waits for the next one.
+/// The most connections a rank authenticates at once; more are closed at once (the opener of
+/// the real neighbour retries).
+const MAX_PENDING: usize = 64;
+
+/// An accepted connection being authenticated: the acceptor's half of the handshake, run
+/// without blocking beside every other connection's.
+struct Handshake {
+    stream: mio::net::TcpStream,
+    peer: SocketAddr,
+    /// The listener (connection index) it arrived on.
+    link: usize,
+    /// The whole handshake must be done by then.
+    until: Instant,
+    hello: [u8; auth::HELLO],
+    got: usize,
+    /// Made once the hello is in, with the reply to send.
+    acceptor: Option<(Acceptor, [u8; 2 * auth::NONCE])>,
+    sent: usize,
+    proof: [u8; auth::NONCE],
+    proved: usize,
+}
+
+/// Where a [`Handshake`] is.
+enum Stage {
+    /// It waits for the peer.
+    Pending,
+    /// The peer proved it holds the key.
+    Done,
+    /// The peer failed (why).
+    Failed(String),
+}
+
+impl Handshake {
+    /// Moves the handshake as far as the socket allows now.
+    fn advance(&mut self, key: &Key, who: Who<'_>) -> Stage {
+        let Handshake {
+            stream,
+            link,
+            hello,
+            got,
+            acceptor,
+            sent,
+            proof,
+            proved,
+            ..
+        } = self;
+        loop {
+            let moved = if *got < hello.len() {
+                limits::read(&mut *stream, &mut hello[*got..]).map(|n| (n, &mut *got))
+            } else if let Some((acceptor, reply)) = acceptor {
+                if *sent < reply.len() {
+                    limits::write(&mut *stream, &reply[*sent..]).map(|n| (n, &mut *sent))
+                } else if *proved < proof.len() {
+                    limits::read(&mut *stream, &mut proof[*proved..]).map(|n| (n, &mut *proved))
+                } else {
+                    return match acceptor.finish(proof) {
+                        Ok(()) => Stage::Done,
+                        Err(e) => Stage::Failed(e.to_string()),
+                    };
+                }
+            } else {
+                match Acceptor::new(key, who.rank as u32, who.peer as u32, *link as u32, hello) {
+                    Ok(made) => *acceptor = Some(made),
+                    Err(e) => return Stage::Failed(e.to_string()),
+                }
+                continue;
+            };
+            match moved {
+                Ok((0, _)) => {
+                    return Stage::Failed("it closed the connection during authentication".into());
+                }
+                Ok((n, counter)) => *counter += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Stage::Pending,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Stage::Failed(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Accepts exactly one connection on each listener. With a key, every accepted connection is
+/// authenticated at once beside the others, each within [`HANDSHAKE`] of its arrival: one
+/// that fails or runs out of time is dropped, and its listener takes the first that succeeds.
+/// So strangers, silent or slow, cannot keep the real neighbour waiting.
 fn accept_all(
     listeners: Vec<(String, (SocketAddr, TcpListener))>,
     who: Who<'_>,
@@ -232,60 +343,144 @@ fn accept_all(
     log: &Log,
 ) -> Result<Vec<TcpStream>, String> {
     let mut poll = Poll::new().map_err(|e| format!("cannot poll: {e}"))?;
-    let mut events = Events::with_capacity(4);
-    let mut streams = Vec::with_capacity(listeners.len());
-    for (c, (address, (_, mut listener))) in listeners.into_iter().enumerate() {
+    let mut events = Events::with_capacity(16);
+    let mut listeners: Vec<(String, TcpListener)> = listeners
+        .into_iter()
+        .map(|(address, (_, listener))| (address, listener))
+        .collect();
+    for (c, (address, listener)) in listeners.iter_mut().enumerate() {
         poll.registry()
-            .register(&mut listener, Token(c), Interest::READABLE)
+            .register(listener, Token(c), Interest::READABLE)
             .map_err(|e| format!("cannot poll {address}: {e}"))?;
-        let stream = loop {
-            match listener.accept() {
-                Ok((stream, peer)) => {
-                    log.debug(format_args!(
-                        "accepted {peer} on {address} (connection {c})"
+    }
+    let mut streams: Vec<Option<TcpStream>> = (0..listeners.len()).map(|_| None).collect();
+    let mut pending: Vec<Handshake> = Vec::new();
+    let mut next_token = listeners.len();
+    let mut last_said = Instant::now();
+    loop {
+        for (c, (address, listener)) in listeners.iter_mut().enumerate() {
+            while streams[c].is_none() {
+                let (mut stream, peer) = match listener.accept() {
+                    Ok(pair) => pair,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
+                    Err(e) => return Err(format!("accepting on {address}: {e}")),
+                };
+                log.debug(format_args!(
+                    "accepted {peer} on {address} (connection {c})"
+                ));
+                if who.key.is_none() {
+                    streams[c] = Some(TcpStream::from(stream));
+                    break;
+                }
+                if pending.len() >= MAX_PENDING {
+                    log.warn(format_args!(
+                        "rejected a connection from {peer} on {address} (connection {c}): \
+                         {MAX_PENDING} connections are authenticating already"
                     ));
-                    let stream = TcpStream::from(stream);
-                    let Some(key) = who.key else {
-                        break stream;
-                    };
-                    match authenticate_opener(&stream, who, c, key, deadline) {
-                        Ok(()) => break stream,
-                        Err(why) => log.warn(format_args!(
-                            "rejected a connection from {peer} on {address} (connection {c}): {why}"
-                        )),
-                    }
                     continue;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("accepting on {address}: {e}")),
+                poll.registry()
+                    .register(
+                        &mut stream,
+                        Token(next_token),
+                        Interest::READABLE | Interest::WRITABLE,
+                    )
+                    .map_err(|e| format!("cannot poll a connection from {peer}: {e}"))?;
+                next_token += 1;
+                pending.push(Handshake {
+                    stream,
+                    peer,
+                    link: c,
+                    until: limits::deadline_in(HANDSHAKE).min(deadline),
+                    hello: [0; auth::HELLO],
+                    got: 0,
+                    acceptor: None,
+                    sent: 0,
+                    proof: [0; auth::NONCE],
+                    proved: 0,
+                });
             }
+        }
+        if let Some(key) = who.key {
             let now = Instant::now();
-            if now >= deadline {
-                return Err(format!(
-                    "rank {} never connected to {address} (connection {c}): timed out after {timeout:?}",
-                    who.peer
-                ));
+            let mut i = 0;
+            while i < pending.len() {
+                let h = &mut pending[i];
+                let stage = if streams[h.link].is_some() {
+                    // Its listener has its connection: no need to hear it out.
+                    Stage::Failed("the connection is taken".into())
+                } else {
+                    match h.advance(key, who) {
+                        Stage::Pending if now >= h.until => Stage::Failed(format!(
+                            "it did not authenticate within {:?} of connecting",
+                            HANDSHAKE.min(timeout)
+                        )),
+                        stage => stage,
+                    }
+                };
+                if let Stage::Pending = stage {
+                    i += 1;
+                    continue;
+                }
+                let mut h = pending.swap_remove(i);
+                let _ = poll.registry().deregister(&mut h.stream);
+                let address = &listeners[h.link].0;
+                match stage {
+                    Stage::Done => streams[h.link] = Some(TcpStream::from(h.stream)),
+                    Stage::Failed(why) => log.warn(format_args!(
+                        "rejected a connection from {} on {address} (connection {}): {why}",
+                        h.peer, h.link
+                    )),
+                    Stage::Pending => {}
+                }
             }
-            // Wake up every few seconds to say who is still missing.
-            let wait = (deadline - now).min(PROGRESS);
-            match poll.poll(&mut events, Some(wait)) {
-                Ok(()) if events.is_empty() && Instant::now() < deadline => log.info(format_args!(
-                    "still waiting for rank {} to connect to {address} (connection {c}), {:?} left",
-                    who.peer,
-                    deadline.saturating_duration_since(Instant::now())
-                )),
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("waiting on {address}: {e}")),
-            }
+        }
+        if streams.iter().all(Option::is_some) {
+            break;
+        }
+        let now = Instant::now();
+        let missing = streams.iter().position(Option::is_none).unwrap_or(0);
+        let address = &listeners[missing].0;
+        if now >= deadline {
+            return Err(format!(
+                "rank {} never connected to {address} (connection {missing}): timed out after {timeout:?}",
+                who.peer
+            ));
+        }
+        if now.saturating_duration_since(last_said) >= PROGRESS {
+            last_said = now;
+            log.info(format_args!(
+                "still waiting for rank {} to connect to {address} (connection {missing}), {:?} left",
+                who.peer,
+                deadline.saturating_duration_since(now)
+            ));
+        }
+        // Wake up for the next connection or handshake bytes, a handshake's time running out,
+        // or every few seconds to say who is still missing.
+        let wait = pending
+            .iter()
+            .map(|h| h.until.saturating_duration_since(now))
+            .fold((deadline - now).min(PROGRESS), Duration::min);
+        match poll.poll(&mut events, Some(wait)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("waiting on {address}: {e}")),
+        }
+    }
+    drop(pending);
+    let mut out = Vec::with_capacity(streams.len());
+    for (stream, (address, _)) in streams.into_iter().zip(&listeners) {
+        let Some(stream) = stream else {
+            return Err(format!("no connection on {address}"));
         };
         stream
             .set_nonblocking(false)
             .map_err(|e| format!("accepted socket on {address}: {e}"))?;
-        streams.push(stream);
+        out.push(stream);
     }
-    Ok(streams)
+    Ok(out)
 }
 
 /// Connects once to every address of `to`'s entry, in order, retrying each while the peer is
@@ -303,7 +498,9 @@ fn connect_all(
         let addrs = hostfile::resolve(address).map_err(config_text)?;
         let mut wait = Duration::from_millis(10);
         let mut attempt = 0u32;
-        let stream = loop {
+        // The last handshake that failed on a connection that was made, if any.
+        let mut refused: Option<String> = None;
+        let stream = 'connected: loop {
             attempt += 1;
             let now = Instant::now();
             let mut last = String::from("no address");
@@ -321,12 +518,33 @@ fn connect_all(
                 }
             }
             if let Some(s) = connected {
-                break s;
+                let Some(key) = who.key else {
+                    break s;
+                };
+                let until = limits::deadline_in(HANDSHAKE).min(deadline);
+                match authenticate_acceptor(&s, who, c, key, until) {
+                    Ok(()) => break 'connected s,
+                    Err(Refused { why, retry }) => {
+                        if !retry {
+                            return Err(format!(
+                                "authentication with rank {to} at {address} (connection {c}) failed: {why}"
+                            ));
+                        }
+                        last = format!("the authentication failed: {why}");
+                        refused = Some(why);
+                    }
+                }
             }
             let now = Instant::now();
-            if now + wait >= deadline {
+            if limits::deadline(now, wait) >= deadline {
+                let earlier = match &refused {
+                    Some(why) if !last.starts_with("the authentication") => {
+                        format!("; an earlier connection's authentication failed: {why}")
+                    }
+                    _ => String::new(),
+                };
                 return Err(format!(
-                    "cannot connect to rank {to} at {address} (connection {c}) after {attempt} attempts in {timeout:?}: {last}"
+                    "cannot connect to rank {to} at {address} (connection {c}) after {attempt} attempts in {timeout:?}: {last}{earlier}"
                 ));
             }
             log.info(format_args!(
@@ -337,11 +555,6 @@ fn connect_all(
             std::thread::sleep(wait);
             wait = (wait * 2).min(Duration::from_millis(500));
         };
-        if let Some(key) = who.key {
-            authenticate_acceptor(&stream, who, c, key, deadline).map_err(|why| {
-                format!("authentication with rank {to} at {address} (connection {c}) failed: {why}")
-            })?;
-        }
         streams.push(stream);
     }
     Ok(streams)

@@ -22,12 +22,14 @@
 //! change.
 //!
 //! Receives never read past their own end, so the bytes of the next operation stay in the
-//! socket for it: the stream stays aligned with MLX's.
+//! socket for it: the stream stays aligned with MLX's. No read or write asks for more than
+//! 1 GiB at a time (macOS fails socket calls above `INT_MAX` bytes; see the private `limits`
+//! module), so a segment of any size moves.
 
 mod connect;
 mod scratch;
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -40,6 +42,7 @@ use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer,
     most_stuck,
 };
+use crate::limits;
 use crate::log::Log;
 use crate::stream::Reassembly;
 use scratch::Scratch;
@@ -181,7 +184,7 @@ fn read_through(
     into: &mut [u8],
 ) -> io::Result<usize> {
     let n = into.len().min(scratch.len()).min(scratch::BOUNCE);
-    let read = stream.read(&mut scratch[..n])?;
+    let read = limits::read(stream, &mut scratch[..n])?;
     into[..read].copy_from_slice(&scratch[..read]);
     Ok(read)
 }
@@ -192,7 +195,7 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
     match t {
         Transfer::Send { data, .. } => {
             while p.done < data.len() {
-                match link.stream.write(&data[p.done..]) {
+                match limits::write(&mut link.stream, &data[p.done..]) {
                     Ok(0) => return Err(io::ErrorKind::BrokenPipe.into()),
                     Ok(n) => {
                         p.done += n;
@@ -218,7 +221,7 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
                 let read = if bounce {
                     read_through(&mut link.stream, link.scratch.bytes(), into)
                 } else {
-                    link.stream.read(into)
+                    limits::read(&mut link.stream, into)
                 };
                 match read {
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -241,7 +244,7 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
             let scratch = link.scratch.bytes();
             while !p.stream.is_complete() {
                 let at = p.stream.next_read(scratch.len());
-                let read = match link.stream.read(&mut scratch[at]) {
+                let read = match limits::read(&mut link.stream, &mut scratch[at]) {
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -321,6 +324,7 @@ impl Fabric for TcpFabric {
                     kind: FailureKind::Invalid(format!("rank {} has no channel {c}", self.rank)),
                 });
             }
+            t.check_landing().map_err(|what| t.invalid(what))?;
         }
         let mut progress: smallvec::SmallVec<[Progress; 8]> = step
             .iter()
@@ -406,7 +410,91 @@ impl Fabric for TcpFabric {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::Channel;
     use std::net::TcpListener;
+
+    /// Two fabrics of ranks 0 and 1 over one loopback connection (link 0 of each).
+    fn pair() -> (TcpFabric, TcpFabric) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let opened = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        let (accepted, _) = listener.accept().expect("accept");
+        let zero = TcpFabric::from_streams(0, vec![vec![], vec![opened]]).expect("rank 0");
+        let one = TcpFabric::from_streams(1, vec![vec![accepted], vec![]]).expect("rank 1");
+        (zero, one)
+    }
+
+    #[test]
+    fn no_socket_call_of_a_transfer_over_a_gibibyte_asks_for_more_than_one() {
+        // macOS fails a socket call of more than INT_MAX bytes with EINVAL; Linux returns a
+        // short count, so what is checked here is the length each call asks for. The zeroed
+        // source is never written (its pages stay the kernel's shared zero page).
+        let len = limits::MAX_IO + (1 << 20) + 7;
+        let (mut zero, mut one) = pair();
+        let sender = std::thread::spawn(move || {
+            let data = vec![0u8; len];
+            let mut step = [Transfer::Send {
+                channel: Channel::new(0, 0),
+                data: &data,
+            }];
+            limits::take_largest();
+            let deadline = one.now() + Duration::from_secs(120);
+            one.run(&mut step, deadline).expect("send");
+            limits::take_largest()
+        });
+        // Past the first cache line of a page, so that the receive reads straight into place
+        // (not bounced through the scratch, whose reads are small).
+        let mut backing = vec![1u8; len + 8192];
+        let start = backing.as_ptr().align_offset(4096) + 128;
+        let into = &mut backing[start..start + len];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Into(&mut *into),
+        }];
+        limits::take_largest();
+        let deadline = zero.now() + Duration::from_secs(120);
+        zero.run(&mut step, deadline).expect("recv");
+        let received = limits::take_largest();
+        let sent = sender.join().expect("the sender");
+        // Each side's first call asks for everything, clamped to exactly 1 GiB.
+        assert_eq!(sent, limits::MAX_IO, "the largest send call");
+        assert_eq!(received, limits::MAX_IO, "the largest receive call");
+        assert!(into.iter().all(|&b| b == 0), "every byte arrived");
+    }
+
+    #[test]
+    fn a_sink_receive_that_is_not_a_whole_number_of_grains_is_invalid_not_a_closed_peer() {
+        let (mut zero, mut one) = pair();
+        let deadline = one.now() + Duration::from_secs(10);
+        // The peer sends the 5 bytes the receive asks for.
+        let data = [1u8, 2, 3, 4, 5];
+        let mut send = [Transfer::Send {
+            channel: Channel::new(0, 0),
+            data: &data,
+        }];
+        one.run(&mut send, deadline).expect("send");
+        let mut delivered = 0;
+        let mut sink = |_: usize, bytes: &[u8]| delivered += bytes.len();
+        let mut recv = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Sink {
+                len: 5,
+                grain: 4,
+                sink: &mut sink,
+            },
+        }];
+        let deadline = zero.now() + Duration::from_secs(10);
+        let e = zero
+            .run(&mut recv, deadline)
+            .expect_err("5 bytes of 4-byte grains");
+        match &e.kind {
+            FailureKind::Invalid(what) => {
+                assert!(what.contains("whole number of grains"), "{e}")
+            }
+            other => panic!("blamed on the peer: {other:?} ({e})"),
+        }
+        assert_eq!((e.done, e.total, e.peer()), (0, 5, 1), "{e}");
+        assert_eq!(delivered, 0, "nothing moves before the check");
+    }
 
     #[test]
     fn every_connection_of_a_fabric_sends_without_nagle_delay() {
