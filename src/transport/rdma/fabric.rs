@@ -10,12 +10,12 @@ use super::queue_pair::{Arrival, Completion, Qp, Slot, WR_RECV, WR_SEND};
 use super::verbs::status_name;
 use super::{IN_FLIGHT, MAX_FRAME, RECV_AHEAD};
 use crate::fabric::{
-    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer,
-    most_stuck,
+    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, most_stuck,
 };
 
 /// Why `transfer` cannot run on a fabric whose channels are `exists`: a channel that does not
-/// exist, a message larger than a frame, a sink whose length is not a whole number of grains.
+/// exist, a message larger than a frame, or what every fabric refuses
+/// ([`Transfer::check_landing`]).
 pub(crate) fn check_transfer(transfer: &Transfer<'_>, exists: bool) -> Option<String> {
     let channel = transfer.channel();
     if !exists {
@@ -32,20 +32,7 @@ pub(crate) fn check_transfer(transfer: &Transfer<'_>, exists: bool) -> Option<St
              (one frame)"
         ));
     }
-    if let Transfer::Recv {
-        landing: landing @ Landing::Sink { .. },
-        ..
-    } = transfer
-    {
-        let grain = landing.grain();
-        if !len.is_multiple_of(grain) {
-            return Some(format!(
-                "a receive of {len} bytes on {channel} into a sink of {grain}-byte grains: the \
-                 length must be a whole number of grains"
-            ));
-        }
-    }
-    None
+    transfer.check_landing().err()
 }
 
 /// MLX's RDMA fabric: UC queue pairs as [message channels](ChannelKind::Message), made by
@@ -422,6 +409,7 @@ impl Fabric for RdmaFabric {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::Landing;
 
     #[test]
     fn steps_the_fabric_cannot_carry_are_refused_with_a_reason() {
