@@ -11,13 +11,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use nuvec_core::distributed::{self, Group};
 
-use crate::env::Env;
+use crate::config::env::Env;
+use crate::config::hostfile;
+use crate::config::log::Log;
+use crate::config::options::Options;
 use crate::error::Error;
 use crate::fabric::Fabric;
-use crate::jaccl::{self, FrameRule, JacclCommunicator, SideChannel};
-use crate::options::Options;
-use crate::tcp::TcpFabric;
-use crate::{RingCommunicator, hostfile, log::Log};
+use crate::jaccl::{self, FrameRule, JacclCommunicator, JacclFabric, SideChannel};
+use crate::ring::communicator::RingCommunicator;
+use crate::transport::tcp::TcpFabric;
 
 /// A distributed backend, by MLX's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,16 +140,6 @@ pub fn is_available(backend: Backend) -> bool {
         #[cfg(not(feature = "jaccl"))]
         Backend::Jaccl => false,
     }
-}
-
-/// What carries a JACCL group's frames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum JacclFabric {
-    /// RDMA queue pairs, as MLX (feature `jaccl`).
-    Rdma,
-    /// TCP connections, one per cable ([`crate::jaccl::tcp`]): the same algorithms on any
-    /// network, for testing; not wire-compatible with MLX.
-    Tcp,
 }
 
 /// Connects this process's rank of the JACCL job `config` over `fabric`, every rank with the
@@ -287,7 +279,7 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
         match env.ring()? {
             Some(ring) => {
                 let nodes = hostfile::read(&ring.hostfile)?;
-                crate::env::check_rank(ring.rank, nodes.len(), &ring.hostfile)?;
+                crate::config::env::check_rank(ring.rank, nodes.len(), &ring.hostfile)?;
                 let mut options = options_from(env)?;
                 if let Some(secret) = env.key()? {
                     options = options.key(secret).map_err(|_| {
@@ -310,10 +302,10 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
         }
     }
     if matches!(backend, Backend::Any | Backend::Jaccl) {
-        match env.jaccl()? {
+        match jaccl::env::job(env)? {
             Some(config) => {
                 let options = options_from(env)?;
-                let (fabric, rule) = env.jaccl_transport()?;
+                let (fabric, rule) = jaccl::env::transport(env)?;
                 let group = connect_jaccl(&config, fabric, rule, &options)?;
                 if group.size() > 1 {
                     remember(Backend::Jaccl, &group);
@@ -420,7 +412,7 @@ mod tests {
                             .communicator()
                             .expect("a ring")
                             .try_all_reduce(
-                                crate::reduce::Reduction::Sum,
+                                crate::collective::reduce::Reduction::Sum,
                                 nuvec_core::DType::U8,
                                 &mut data,
                             )

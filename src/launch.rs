@@ -1219,7 +1219,7 @@ mod tests {
             "[[\"127.0.0.1:32323\"], [\"127.0.0.1:32324\"], [\"127.0.0.1:32325\"], \
              [\"127.0.0.1:32326\"]]\n"
         );
-        let nodes = crate::hostfile::parse(&p.file_bytes(), "planned").unwrap();
+        let nodes = crate::config::hostfile::parse(&p.file_bytes(), "planned").unwrap();
         assert_eq!(nodes.len(), 4);
         assert_eq!(nodes[3], strings(&["127.0.0.1:32326"]));
         assert!(p.ranks.iter().all(|r| r.local && r.host == "127.0.0.1"));
@@ -1414,10 +1414,11 @@ mod tests {
             // no zones; bracketed, a zoned address is at least read as one address).
             if !ip.contains('%') {
                 assert!(
-                    crate::hostfile::split_address(coordinator).is_ok(),
+                    crate::config::hostfile::split_address(coordinator).is_ok(),
                     "{coordinator}"
                 );
-                let read = crate::hostfile::resolve(coordinator).expect("the ranks read it");
+                let read =
+                    crate::config::hostfile::resolve(coordinator).expect("the ranks read it");
                 assert_eq!(read[0].port(), 5555, "{coordinator}");
             }
         }

@@ -32,7 +32,7 @@
 //!
 //! The collective algorithms ([`ring::algorithm`]) are plain blocking code written once over
 //! the [`fabric::Fabric`] trait, with their schedules as pure arithmetic
-//! ([`ring::schedule`]). The same code runs over TCP ([`tcp::TcpFabric`]) and over the
+//! ([`ring::schedule`]). The same code runs over TCP ([`TcpFabric`]) and over the
 //! deterministic simulator of the `nuvec-fabric-sim` crate, where it is property-tested with
 //! injected fragmentation, latency and faults. See each module for the why.
 //!
@@ -48,30 +48,38 @@
 //! Stability: no promise when this crate is depended on directly; depend on nuvec, whose
 //! re-exports are semver-tracked.
 
-pub mod auth;
-pub mod backend;
-pub mod comm;
-mod env;
-pub mod error;
+// The layers, lowest first (`ARCHITECTURE.md` draws them; `tests/layers.rs` checks that no
+// module uses one above its own): `error`, `limits` and `sync` under everything; `fabric`;
+// `config`; `transport`; `collective`; the backends `ring` and `jaccl`; `backend`; this file.
+mod backend;
+mod collective;
+mod config;
+mod error;
 pub mod fabric;
-pub mod hostfile;
 pub mod jaccl;
 #[doc(hidden)]
 pub mod launch;
 mod limits;
-mod log;
-mod options;
-pub mod reduce;
 pub mod ring;
-pub mod stream;
 mod sync;
-pub mod tcp;
 mod transport;
 
-pub use backend::{Backend, JacclFabric, RingGroup, connect_jaccl, connect_ring, is_available};
-pub use comm::RingCommunicator;
+pub use backend::{Backend, RingGroup, connect_jaccl, connect_ring, is_available};
+pub use collective::reduce;
+pub use config::hostfile;
+pub use config::options::{DEFAULT_SPIN, MAX_SPIN, Options};
 pub use error::Error;
-pub use options::{DEFAULT_SPIN, MAX_SPIN, Options};
+pub use jaccl::JacclFabric;
+pub use ring::communicator::RingCommunicator;
+pub use transport::tcp::TcpFabric;
+
+/// The crate's building blocks that its own tests, fuzz targets and benchmarks drive directly:
+/// not part of the API, no stability of any kind.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::transport::tcp;
+    pub use crate::transport::tcp::{auth, stream};
+}
 
 use nuvec_core::distributed::Group;
 
@@ -90,7 +98,11 @@ pub fn init(strict: bool) -> nuvec_core::Result<Group> {
 /// [`Options::timeout`]. Without the environment: an error naming the missing variables if
 /// `strict`, else the group of this process alone.
 pub fn init_backend(strict: bool, backend: Backend) -> nuvec_core::Result<Group> {
-    Ok(backend::init_from(&env::Env::process(), strict, backend)?)
+    Ok(backend::init_from(
+        &config::env::Env::process(),
+        strict,
+        backend,
+    )?)
 }
 
 /// Connects rank `rank` of the ring over `nodes` (per rank its `host:port` addresses) and

@@ -2,7 +2,7 @@
 //! `tests/loom.rs` explore every interleaving of the real code that takes them.
 //!
 //! Shared-memory state that several threads may touch goes through these types (today the
-//! communicator's sticky failure state, [`crate::comm`]). Under `cfg(loom)` they only work
+//! communicator core's sticky failure state, `crate::collective::core`). Under `cfg(loom)` they only work
 //! inside `loom::model`, so only the loom test runs in such a build.
 //!
 //! Not here: the process-wide registry of initialised groups (`backend.rs`, a `static` needs

@@ -76,11 +76,11 @@ static GLOBAL: Counting = Counting;
 const OPS: usize = 20;
 
 /// One kind of operation, run identically by both ranks.
-type Operation<'a> = Box<dyn FnMut(&RingCommunicator<nuvec_distributed::tcp::TcpFabric>) + 'a>;
+type Operation<'a> = Box<dyn FnMut(&RingCommunicator<nuvec_distributed::TcpFabric>) + 'a>;
 
 /// Per kind of operation, its name and the allocations the thread made during [`OPS`] of them.
 fn count(
-    comm: &RingCommunicator<nuvec_distributed::tcp::TcpFabric>,
+    comm: &RingCommunicator<nuvec_distributed::TcpFabric>,
     megabytes: usize,
 ) -> Vec<(String, usize)> {
     let rank = comm.topology().rank();

@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use nuvec_core::DType;
-use nuvec_distributed::auth::{self, Acceptor, Key, Opener};
+use nuvec_distributed::internals::auth::{self, Acceptor, Key, Opener};
 use nuvec_distributed::reduce::Reduction;
 use nuvec_distributed::{Options, RingGroup, connect_ring};
 

@@ -21,16 +21,16 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use nuvec_distributed::Error;
-use nuvec_distributed::auth::{self, Acceptor, AuthError, Key, Opener};
 use nuvec_distributed::fabric::Wiring;
 use nuvec_distributed::hostfile;
+use nuvec_distributed::internals::auth::{self, Acceptor, AuthError, Key, Opener};
+use nuvec_distributed::internals::stream::Reassembly;
 use nuvec_distributed::jaccl::{
     Config, Destination, MESH_MAX_PEERS, RING_MAX_CONNS, RingDestinations, SideChannel, Topology,
     parse_devices,
 };
 use nuvec_distributed::ring::RingTopology;
 use nuvec_distributed::ring::schedule::{self, Flow, Phase};
-use nuvec_distributed::stream::Reassembly;
 
 /// A property: panics when the input shows a bug.
 pub(crate) type Property = fn(&[u8]);

@@ -19,11 +19,11 @@ use super::frames::FrameRule;
 use super::mesh::{self, MeshTopology};
 use super::ring;
 use super::wire::Scratch;
-use crate::comm::Core;
+use crate::collective::core::Core;
+use crate::collective::reduce::{Reducer, Reduction};
+use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::Fabric;
-use crate::log::Log;
-use crate::reduce::{Reducer, Reduction};
 use crate::ring::RingTopology;
 
 /// How the ranks of a JACCL group are cabled, with this rank's place.

@@ -23,8 +23,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::config::hostfile;
 use crate::error::Error;
-use crate::hostfile;
 
 /// The largest mesh MLX supports, in ranks (MLX's `MESH_MAX_PEERS`).
 pub const MESH_MAX_PEERS: usize = 8;

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use super::frames::{FrameRule, MeshReduce};
 use super::wire::{Keep, Scratch, Sink, Step, push_recvs, push_sends, recv_sinks, stage_tail};
+use crate::collective::reduce::Reducer;
 use crate::fabric::{Channel, Fabric, FabricError};
-use crate::reduce::Reducer;
 
 /// This rank's place in a mesh, and the frame rule of the job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

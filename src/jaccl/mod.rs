@@ -83,6 +83,7 @@
 
 pub mod comm;
 pub mod config;
+pub(crate) mod env;
 pub mod frames;
 pub mod mesh;
 #[cfg(feature = "jaccl")]
@@ -94,6 +95,7 @@ mod wire;
 
 pub use comm::{JacclCommunicator, Layout};
 pub use config::{Config, MESH_MAX_PEERS, RING_MAX_CONNS, Topology, parse_devices};
+pub use env::JacclFabric;
 pub use frames::FrameRule;
 #[cfg(feature = "jaccl")]
 pub use rdma::devices;

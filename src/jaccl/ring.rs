@@ -24,8 +24,8 @@ use super::frames::{FrameRule, RingGather, RingReduce, ring_p2p};
 use super::wire::{
     Keep, Scratch, Sink, Staging, Step, push_recvs, push_sends, recv_sinks, stage_tail,
 };
+use crate::collective::reduce::Reducer;
 use crate::fabric::{Channel, Direction, Fabric, FabricError, FailureKind};
-use crate::reduce::Reducer;
 use crate::ring::RingTopology;
 use crate::ring::algorithm::carve;
 use crate::ring::schedule::Side;

@@ -42,8 +42,8 @@ use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
+use crate::config::hostfile;
 use crate::error::Error;
-use crate::hostfile;
 use crate::limits;
 
 /// The most bytes one vector all-gather may move to a rank (R times the longest vector), so a

@@ -29,7 +29,7 @@ use super::config::{Config, Topology};
 use super::side_channel::SideChannel;
 use crate::error::Error;
 use crate::limits;
-use crate::tcp::TcpFabric;
+use crate::transport::tcp::TcpFabric;
 
 /// The first bytes of every connection.
 const MAGIC: &[u8; 4] = b"NJT1";

@@ -7,8 +7,8 @@
 //! zeros only make the wire deterministic. A receive is one frame per message, of which only the
 //! payload is kept (copied, or reduced into place).
 
+use crate::collective::reduce::Reducer;
 use crate::fabric::{Channel, Landing, Transfer};
-use crate::reduce::Reducer;
 
 /// The transfers of one step.
 pub(crate) type Step<'a> = Vec<Transfer<'a>>;

@@ -22,8 +22,8 @@ use super::schedule::{
     self, Flow, MLX_SMALL_PATH_LIMIT, Part, Phase, Side, all_gather_plan, all_gather_step,
     all_reduce_plan, all_reduce_step, all_reduce_steps, beyond_mlx_small_path, p2p_split, segment,
 };
+use crate::collective::reduce::Reducer;
 use crate::fabric::{Channel, Direction, Fabric, FabricError, FailureKind, Landing, Transfer};
-use crate::reduce::Reducer;
 
 /// The transfers of one step: at most two per part, and at most 2C parts.
 type Step<'a> = SmallVec<[Transfer<'a>; 8]>;

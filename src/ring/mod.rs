@@ -8,6 +8,7 @@
 //! connections as fabric channels.
 
 pub mod algorithm;
+pub(crate) mod communicator;
 pub mod schedule;
 
 use crate::fabric::Channel;

@@ -3,10 +3,15 @@
 //! [`fabric`](crate::fabric) trait and the crate's [`Error`](crate::Error); it knows nothing of
 //! JACCL's or the ring's configuration, which the backends translate into its terms.
 //!
+//! - [`tcp`]: MLX's ring sockets as a stream fabric ([`TcpFabric`](tcp::TcpFabric)), the
+//!   connection setup with its optional authentication ([`tcp::auth`]), and the reassembly of
+//!   received bytes ([`tcp::stream`]);
 //! - [`rdma`] (feature `jaccl`): UC queue pairs through the verbs library, loaded at run time.
 //!
-//! The TCP transport (`crate::tcp`) and JACCL's TCP cables move here with the layout step of
-//! the architecture plan.
+//! A transport may also use the crate's configuration (addresses, the key, the log), never a
+//! layer above it: JACCL's TCP cables and RDMA bring-up, which need JACCL's configuration and
+//! side channel, are `crate::jaccl`'s.
 
 #[cfg(feature = "jaccl")]
 pub(crate) mod rdma;
+pub mod tcp;

@@ -18,10 +18,10 @@
 //! added and the wire stays MLX's. The traffic itself is **not encrypted**: run the group over
 //! a trusted network or a VPN.
 //!
-//! This module is the protocol without I/O; [`crate::tcp`] runs it over the sockets.
+//! This module is the protocol without I/O; [`crate::transport::tcp`] runs it over the sockets.
 
 use hmac::{Hmac, KeyInit, Mac};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 /// The first bytes an authenticating opener sends.
 pub const MAGIC: &[u8; 8] = b"nuvecPSK";
@@ -31,33 +31,11 @@ pub const VERSION: u8 = 1;
 pub const NONCE: usize = 32;
 /// The length of the opener's hello.
 pub const HELLO: usize = 8 + 1 + 4 + 4 + 4 + NONCE;
-/// The shortest secret accepted.
-pub const MIN_SECRET: usize = 16;
+pub use crate::config::key::{Key, MIN_SECRET};
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// A pre-shared key, derived from a secret; its `Debug` shows nothing of it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Key([u8; 32]);
-
-impl std::fmt::Debug for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Key(..)")
-    }
-}
-
 impl Key {
-    /// The key of `secret`, which must be at least [`MIN_SECRET`] bytes (else `None`).
-    pub fn from_secret(secret: &[u8]) -> Option<Self> {
-        if secret.len() < MIN_SECRET {
-            return None;
-        }
-        let mut h = Sha256::new();
-        h.update(b"nuvec-distributed ring key v1\0");
-        h.update(secret);
-        Some(Self(h.finalize().into()))
-    }
-
     fn proof(&self, role: &[u8], hello: &[u8; HELLO], nonce: &[u8; NONCE]) -> [u8; NONCE] {
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
         mac.update(role);

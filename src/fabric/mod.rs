@@ -7,7 +7,7 @@
 //!
 //! - the deterministic simulator of the `nuvec-fabric-sim` crate (virtual time, injected
 //!   latency, reordering, fragmentation and faults);
-//! - real TCP sockets ([`crate::tcp::TcpFabric`]);
+//! - real TCP sockets ([`crate::transport::tcp::TcpFabric`]);
 //! - real RDMA queue pairs (the `jaccl` feature).
 //!
 //! Algorithms never spawn threads, sleep or read a clock: all concurrency and all time belong

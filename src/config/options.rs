@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use crate::auth::{Key, MIN_SECRET};
+use crate::config::key::{Key, MIN_SECRET};
+use crate::config::log::LogLevel;
 use crate::error::Error;
-use crate::log::LogLevel;
 
 /// How a group is connected and run: every rank should use the same options.
 ///
@@ -60,7 +60,7 @@ impl Options {
     /// Authenticates every connection with a pre-shared `secret` (at least 16 bytes, the same
     /// on every rank; `NUVEC_DISTRIBUTED_KEY` for [`init`](crate::init)): a mutual
     /// HMAC-SHA256 challenge-response before any data, so a stranger cannot join or block a
-    /// forming group (see [`auth`](crate::auth)). Without a key the wire is MLX's. The traffic
+    /// forming group (see [`auth`](crate::transport::tcp::auth)). Without a key the wire is MLX's. The traffic
     /// is not encrypted.
     pub fn key(mut self, secret: impl AsRef<[u8]>) -> Result<Self, Error> {
         let secret = secret.as_ref();
@@ -77,7 +77,7 @@ impl Options {
     /// between looks) before it parks until a socket is ready (default [`DEFAULT_SPIN`],
     /// 100 µs; `NUVEC_DISTRIBUTED_SPIN_US` for [`init`](crate::init); at most [`MAX_SPIN`]).
     /// Waking a parked thread costs tens of microseconds on a virtual machine; zero parks at
-    /// once and leaves the cores idle while waiting. See [`tcp`](crate::tcp).
+    /// once and leaves the cores idle while waiting. See [`tcp`](crate::transport::tcp).
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin.min(MAX_SPIN);
         self

@@ -26,8 +26,10 @@
 //! 1 GiB at a time (macOS fails socket calls above `INT_MAX` bytes; see the private `limits`
 //! module), so a segment of any size moves.
 
+pub mod auth;
 mod connect;
 mod scratch;
+pub mod stream;
 
 use std::io;
 use std::net::TcpStream;
@@ -35,16 +37,16 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
 
-use crate::DEFAULT_SPIN;
-use crate::auth::Key;
+use crate::config::log::Log;
+use crate::config::options::DEFAULT_SPIN;
 use crate::error::Error;
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer,
     most_stuck,
 };
 use crate::limits;
-use crate::log::Log;
-use crate::stream::Reassembly;
+use crate::transport::tcp::auth::Key;
+use crate::transport::tcp::stream::Reassembly;
 use scratch::Scratch;
 
 /// The scratch buffer of a receive that hands its bytes to the algorithm, per channel.

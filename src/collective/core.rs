@@ -1,34 +1,23 @@
-//! The ring as a `nuvec_core` [`Communicator`]: argument checks before any byte moves, one
-//! deadline per operation, sequence numbers, and a sticky failure.
+//! The communicator core both backends share: one lock over the fabric and its scratch, one
+//! deadline per operation, sequence numbers, a sticky failure and, after a failure, a diagnosis
+//! of when each peer was last heard.
 //!
 //! Every rank must issue the same operations in the same order (MLX's contract): the bytes of
 //! operation k+1 follow those of operation k on every connection, with no framing. An error in
 //! the middle of an operation therefore leaves the connections misaligned, and the only safe
 //! answer is to fail the group: every later call returns at once with the first error. Errors
-//! that the caller can cause (an unsupported dtype, a wrong size, a peer that is not a
-//! neighbour) are found before anything is sent and leave the group usable.
+//! that the caller can cause are found before anything is sent ([`Core::invalid`]) and leave
+//! the group usable.
+//!
+//! Uses the fabric trait, the crate's errors and its log; nothing of either backend.
 
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use nuvec_core::DType;
-use nuvec_core::distributed::{AllReduce, Communicator};
-
+use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::{Fabric, FabricError};
-use crate::log::Log;
-use crate::reduce::{Reducer, Reduction};
-use crate::ring::{RingTopology, algorithm, schedule};
 use crate::sync::{Mutex, MutexGuard};
-
-/// MLX's ring over a fabric, as a `nuvec_core` communicator.
-///
-/// Built by [`init_with`](crate::init_with) over TCP, or over the simulator by
-/// `nuvec-fabric-sim`; wrap it in `nuvec_core::distributed::Group::new(Arc::new(..))`.
-pub struct RingCommunicator<F: Fabric> {
-    ring: RingTopology,
-    core: Core<F, Vec<u8>>,
-}
 
 /// What a communicator guards with its lock: the fabric, reusable buffers, the sequence
 /// number and the first failure.
@@ -159,19 +148,6 @@ impl<F: Fabric, S> State<F, S> {
         Ok(())
     }
 }
-
-impl<F: Fabric> std::fmt::Debug for RingCommunicator<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "RingCommunicator(rank {} of {}, {} connections per neighbour)",
-            self.ring.rank(),
-            self.ring.size(),
-            self.ring.conns()
-        )
-    }
-}
-
 /// What every communicator of this crate shares: its rank, the deadline of its operations, its
 /// log and its guarded [`State`], with the lifecycle every communicator offers (failure,
 /// diagnosis, health, close) and the one way operations run ([`Core::operate`]).
@@ -252,202 +228,5 @@ impl<F: Fabric, S> Core<F, S> {
     ) -> Result<(), Error> {
         self.lock()
             .operate(self.rank, self.timeout(), &self.log, op, bytes, body)
-    }
-}
-
-impl<F: Fabric> RingCommunicator<F> {
-    /// The ring over `fabric`, whose channels must be numbered as
-    /// [`Wiring::ring`](crate::fabric::Wiring::ring) with `conns` links per neighbour; every
-    /// operation must finish within `timeout`.
-    ///
-    /// # Panics
-    /// If the fabric does not have `conns` links to each neighbour.
-    pub fn new(fabric: F, conns: usize, timeout: Duration) -> Self {
-        let ring = RingTopology::new(fabric.rank(), fabric.size(), conns);
-        if ring.size() > 1 {
-            let expected = if ring.size() == 2 { 2 * conns } else { conns };
-            assert_eq!(
-                fabric.links(ring.right()),
-                expected,
-                "ring: links to the right neighbour"
-            );
-            assert_eq!(
-                fabric.links(ring.left()),
-                expected,
-                "ring: links to the left neighbour"
-            );
-        }
-        Self {
-            ring,
-            core: Core::new(ring.rank(), fabric, Vec::new(), timeout),
-        }
-    }
-
-    /// Prints failures to `log`.
-    pub(crate) fn with_log(mut self, log: Log) -> Self {
-        self.core.set_log(log);
-        self
-    }
-
-    /// This rank's place in the ring.
-    pub fn topology(&self) -> RingTopology {
-        self.ring
-    }
-
-    /// The deadline of every operation.
-    pub fn timeout(&self) -> Duration {
-        self.core.timeout()
-    }
-
-    /// Changes the deadline of the operations that start from now on (an operation in
-    /// progress keeps its own): set a longer one before a slow operation and restore it after.
-    pub fn set_timeout(&self, timeout: Duration) {
-        self.core.set_timeout(timeout);
-    }
-
-    /// The first failure of this group, if it has failed.
-    pub fn failure(&self) -> Option<Error> {
-        self.core.failure()
-    }
-
-    /// After the group failed: one line per peer saying when it was last heard from and during
-    /// which operation, e.g. `rank 2: last heard 29.871s ago, during all_sum #14` (also
-    /// printed at the `error` log level). Empty while the group is healthy.
-    pub fn diagnosis(&self) -> Vec<String> {
-        self.core.diagnosis()
-    }
-
-    /// Which peers are unreachable, checked without running a collective (it waits for an
-    /// operation in progress, never interleaves with one): `(peer, what)` for each.
-    pub fn health(&self) -> Vec<(usize, String)> {
-        self.core.health()
-    }
-
-    /// Releases the fabric (and with it the connections); later calls fail with
-    /// [`Error::Closed`]. Returns the fabric if it was still there.
-    pub fn close(&self) -> Option<F> {
-        self.core.close()
-    }
-
-    fn invalid(&self, op: &'static str, what: String) -> Error {
-        self.core.invalid(op, what)
-    }
-
-    fn operate(
-        &self,
-        op: &'static str,
-        bytes: usize,
-        body: impl FnOnce(&mut F, &mut Vec<u8>, Duration) -> Result<(), FabricError>,
-    ) -> Result<(), Error> {
-        self.core.operate(op, bytes, body)
-    }
-
-    /// [`Communicator::all_reduce`] with this crate's error.
-    pub fn try_all_reduce(
-        &self,
-        op: Reduction,
-        dtype: DType,
-        data: &mut [u8],
-    ) -> Result<(), Error> {
-        let name = match op {
-            Reduction::Sum => "all_sum",
-            Reduction::Max => "all_max",
-            Reduction::Min => "all_min",
-        };
-        let len = data.len();
-        let reducer = Reducer::new(op, dtype).map_err(|e| self.invalid(name, e.to_string()))?;
-        if !len.is_multiple_of(reducer.element_size()) {
-            return Err(self.invalid(
-                name,
-                format!("{len} bytes is not a whole number of {dtype} elements"),
-            ));
-        }
-        self.operate(name, len, |fabric, scratch, deadline| {
-            if self.ring.size() < 2 {
-                return Ok(());
-            }
-            algorithm::all_reduce(fabric, &self.ring, reducer, data, scratch, deadline)
-        })
-    }
-
-    /// [`Communicator::all_gather`] with this crate's error.
-    pub fn try_all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        let size = self.ring.size();
-        if output.len() != input.len() * size {
-            return Err(self.invalid(
-                "all_gather",
-                format!(
-                    "the output has {} bytes, not {} × {size} ranks",
-                    output.len(),
-                    input.len()
-                ),
-            ));
-        }
-        self.operate("all_gather", input.len(), |fabric, _, deadline| {
-            algorithm::all_gather(fabric, &self.ring, input, output, deadline)
-        })
-    }
-
-    fn check_peer(&self, op: &'static str, peer: usize, is_send: bool) -> Result<(), Error> {
-        let (rank, size) = (self.ring.rank(), self.ring.size());
-        let side = if is_send {
-            schedule::send_side(rank, size, peer)
-        } else {
-            schedule::recv_side(rank, size, peer)
-        };
-        if side.is_none() {
-            return Err(self.invalid(
-                op,
-                format!(
-                    "rank {peer} is not a neighbour in a ring of {size}: the ring sends and receives between neighbours only (ranks {} and {}), as MLX's",
-                    self.ring.left(),
-                    self.ring.right()
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// [`Communicator::send`] with this crate's error.
-    pub fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), Error> {
-        self.check_peer("send", dst, true)?;
-        self.operate("send", data.len(), |fabric, _, deadline| {
-            algorithm::send(fabric, &self.ring, dst, data, deadline)
-        })
-    }
-
-    /// [`Communicator::recv`] with this crate's error.
-    pub fn try_recv(&self, src: usize, data: &mut [u8]) -> Result<(), Error> {
-        self.check_peer("recv", src, false)?;
-        self.operate("recv", data.len(), |fabric, _, deadline| {
-            algorithm::recv(fabric, &self.ring, src, data, deadline)
-        })
-    }
-}
-
-impl<F: Fabric + Send> Communicator for RingCommunicator<F> {
-    fn rank(&self) -> usize {
-        self.ring.rank()
-    }
-
-    fn size(&self) -> usize {
-        self.ring.size()
-    }
-
-    fn all_reduce(&self, op: AllReduce, dtype: DType, data: &mut [u8]) -> nuvec_core::Result<()> {
-        let op = Reduction::try_from(op).map_err(|e| self.invalid("all_reduce", e.to_string()))?;
-        Ok(self.try_all_reduce(op, dtype, data)?)
-    }
-
-    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> nuvec_core::Result<()> {
-        Ok(self.try_all_gather(input, output)?)
-    }
-
-    fn send(&self, dst: usize, data: &[u8]) -> nuvec_core::Result<()> {
-        Ok(self.try_send(dst, data)?)
-    }
-
-    fn recv(&self, src: usize, data: &mut [u8]) -> nuvec_core::Result<()> {
-        Ok(self.try_recv(src, data)?)
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! | Variable | Meaning |
 //! | --- | --- |
-//! | `MLX_HOSTFILE` | path of the ring hostfile (see [`crate::hostfile`]) |
+//! | `MLX_HOSTFILE` | path of the ring hostfile (see [`crate::config::hostfile`]) |
 //! | `MLX_RANK` | this process's rank, a non-negative integer below the hostfile's size |
 //! | `MLX_RING_VERBOSE` | present (any value): log at least at `info` |
 //! | `NUVEC_DISTRIBUTED_TIMEOUT` | per-operation timeout, positive finite seconds |
@@ -109,7 +109,8 @@ impl<'a> Env<'a> {
         Env { lookup }
     }
 
-    fn raw(&self, name: &str) -> Option<OsString> {
+    /// The raw value of `name`, if set.
+    pub(crate) fn raw(&self, name: &str) -> Option<OsString> {
         (self.lookup)(name)
     }
 
@@ -118,7 +119,7 @@ impl<'a> Env<'a> {
     }
 
     /// The value of `name` as text; not UTF-8 is an error that shows the value escaped.
-    fn text(&self, name: &str) -> Result<Option<String>, Error> {
+    pub(crate) fn text(&self, name: &str) -> Result<Option<String>, Error> {
         self.raw(name)
             .map(|v| {
                 v.into_string()
@@ -166,12 +167,6 @@ impl<'a> Env<'a> {
         }))
     }
 
-    /// MLX's JACCL configuration ([`crate::jaccl::Config::from_vars`]), `None` when its
-    /// variables are unset.
-    pub(crate) fn jaccl(&self) -> Result<Option<crate::jaccl::Config>, Error> {
-        crate::jaccl::Config::from_vars(|name| self.raw(name))
-    }
-
     /// Whether JACCL's device file variable is set (a JACCL launch, not a ring one).
     pub(crate) fn jaccl_launch(&self) -> bool {
         self.present("JACCL_IBV_DEVICES") || self.present("MLX_IBV_DEVICES")
@@ -180,35 +175,6 @@ impl<'a> Env<'a> {
     /// Whether the ring's hostfile variable is set.
     pub(crate) fn ring_launch(&self) -> bool {
         self.present(MLX_HOSTFILE)
-    }
-
-    /// Which fabric carries JACCL (`NUVEC_JACCL_FABRIC`: `rdma`, the default, or `tcp`) and
-    /// which frame rule its ranks use (`NUVEC_JACCL_FRAMES`: `small`, the default as on macOS
-    /// 26.2, or `large` as on macOS 26.3 and later).
-    pub(crate) fn jaccl_transport(
-        &self,
-    ) -> Result<(crate::backend::JacclFabric, crate::jaccl::FrameRule), Error> {
-        use crate::backend::JacclFabric;
-        use crate::jaccl::FrameRule;
-        let fabric = match self.text(JACCL_FABRIC)?.as_deref() {
-            None | Some("rdma") => JacclFabric::Rdma,
-            Some("tcp") => JacclFabric::Tcp,
-            Some(other) => {
-                return Err(Error::Config(format!(
-                    "{JACCL_FABRIC}={other:?} is not a fabric; expected rdma or tcp"
-                )));
-            }
-        };
-        let rule = match self.text(JACCL_FRAMES)?.as_deref() {
-            None | Some("small") => FrameRule::Small,
-            Some("large") => FrameRule::Large,
-            Some(other) => {
-                return Err(Error::Config(format!(
-                    "{JACCL_FRAMES}={other:?} is not a frame rule; expected small (macOS 26.2) or large (macOS 26.3 and later)"
-                )));
-            }
-        };
-        Ok((fabric, rule))
     }
 
     /// The per-operation timeout from `NUVEC_DISTRIBUTED_TIMEOUT` (seconds), `None` if unset.
@@ -237,12 +203,12 @@ impl<'a> Env<'a> {
     }
 
     /// The spin before parking from `NUVEC_DISTRIBUTED_SPIN_US` (whole microseconds, 0 to
-    /// [`MAX_SPIN`](crate::MAX_SPIN)), `None` if unset.
+    /// [`MAX_SPIN`](crate::config::options::MAX_SPIN)), `None` if unset.
     pub(crate) fn spin(&self) -> Result<Option<Duration>, Error> {
         let Some(v) = self.text(SPIN)? else {
             return Ok(None);
         };
-        let max = crate::MAX_SPIN.as_micros();
+        let max = crate::config::options::MAX_SPIN.as_micros();
         let micros: u64 = v.parse().map_err(|_| {
             Error::Config(format!(
                 "{SPIN}={v:?} is not a whole number of microseconds (e.g. \"100\", or \"0\" to park at once)"
@@ -468,7 +434,7 @@ mod tests {
         };
         assert_eq!(spin("250"), Some(Duration::from_micros(250)));
         assert_eq!(spin("0"), Some(Duration::ZERO));
-        assert_eq!(spin("1000000"), Some(crate::MAX_SPIN));
+        assert_eq!(spin("1000000"), Some(crate::config::options::MAX_SPIN));
         let unset = lookup(&[]);
         assert_eq!(Env::from_fn(&unset).spin().expect("unset"), None);
     }

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-pub(crate) use crate::env::LogLevel;
+pub(crate) use crate::config::env::LogLevel;
 
 /// Where a rank's diagnostics go.
 #[derive(Clone, Copy, Debug)]

@@ -8,7 +8,7 @@
 //! connector retries while its peer is not listening yet, and each failure names the address
 //! and the rank.
 //!
-//! With a key ([`crate::auth`]), an acceptor authenticates every connection it accepts at
+//! With a key ([`crate::transport::tcp::auth`]), an acceptor authenticates every connection it accepts at
 //! once, beside the others, each within [`HANDSHAKE`] (5 s) of its arrival in all, however
 //! it trickles its bytes; the first to prove the key takes the listener's place. An opener
 //! whose handshake gets no answer, or sees the connection close, opens a new connection and
@@ -23,11 +23,11 @@ use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 
-use crate::auth::{self, Acceptor, Key, Opener};
+use crate::config::hostfile;
+use crate::config::log::Log;
 use crate::error::Error;
-use crate::hostfile;
 use crate::limits;
-use crate::log::Log;
+use crate::transport::tcp::auth::{self, Acceptor, Key, Opener};
 
 /// The longest a connection may take to authenticate: a stranger that connects and says
 /// nothing holds up setup for no longer than this.

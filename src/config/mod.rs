@@ -1,0 +1,13 @@
+//! Everything read before a byte moves: the launch environment ([`env`]), MLX's ring hostfile
+//! and the crate's address reading ([`hostfile`]), the options of a group ([`options`]), the
+//! pre-shared key ([`key`]) and the log level ([`log`]).
+//!
+//! The lowest layer above the crate's errors: it knows nothing of fabrics, transports or
+//! backends. JACCL's own device file and variables are read by `crate::jaccl`, through
+//! [`env::Env`].
+
+pub(crate) mod env;
+pub mod hostfile;
+pub(crate) mod key;
+pub(crate) mod log;
+pub(crate) mod options;
