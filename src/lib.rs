@@ -56,8 +56,6 @@ pub mod error;
 pub mod fabric;
 pub mod hostfile;
 pub mod jaccl;
-#[doc(hidden)]
-pub mod launch;
 mod limits;
 mod log;
 mod options;
