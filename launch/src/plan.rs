@@ -390,14 +390,14 @@ impl Formatter for PythonFormatter {
             if (' '..='~').contains(&c) {
                 continue;
             }
-            writer.write_all(fragment[start..i].as_bytes())?;
+            writer.write_all(&fragment.as_bytes()[start..i])?;
             let mut units = [0u16; 2];
             for unit in c.encode_utf16(&mut units) {
                 write!(writer, "\\u{unit:04x}")?;
             }
             start = i + c.len_utf8();
         }
-        writer.write_all(fragment[start..].as_bytes())
+        writer.write_all(&fragment.as_bytes()[start..])
     }
 }
 
