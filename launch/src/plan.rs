@@ -5,6 +5,7 @@
 //! Everything here is deterministic and free of side effects ([`plan`] takes the terminal
 //! size as an argument), so that it is unit-tested. The generated file is Python's
 //! `json.dumps` text, byte for byte ([`py_json`]: `serde_json` with [`PythonFormatter`]).
+//! Half of the file is its unit tests (the plans `mlx.launch` makes, error by error).
 
 use std::io;
 
