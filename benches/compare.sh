@@ -9,12 +9,12 @@
 #   SIZES=4K,64K,1M RANKS="2 3" REPS=3 bash benches/compare.sh
 #   LAUNCHER=mlx bash benches/compare.sh    # every job under mlx.launch instead
 #
-# Launchers (LAUNCHER): `nuvec` (the default) is this crate's `nuvec-launch`, which sets the
-# same variables as `mlx.launch` and sleeps while the ranks run; `mlx` is MLX's `mlx.launch`
-# from the venv. mlx.launch 0.32.4 keeps about 1.3 cores busy for as long as a job runs (each
-# rank's output thread selects on the rank's standard input pipe, which is always writable, so
-# its loop never waits), so on a 2-core machine every column under it measures how a library
-# copes with a competing busy process more than the library itself.
+# Launchers (LAUNCHER): `nuvec` (the default) is this workspace's `nuvec-launch` (launch/),
+# which sets the same variables as `mlx.launch` and sleeps while the ranks run; `mlx` is MLX's
+# `mlx.launch` from the venv. mlx.launch 0.32.4 keeps about 1.3 cores busy for as long as a
+# job runs (each rank's output thread selects on the rank's standard input pipe, which is
+# always writable, so its loop never waits), so on a 2-core machine every column under it
+# measures how a library copes with a competing busy process more than the library itself.
 #
 # Columns:
 #   mlx        MLX 0.32.4 (.venv), benches/mlx_allsum.py: mx.distributed.all_sum on arrays
@@ -54,7 +54,7 @@ for line in sys.stdin:
 (cd benches/upstream && cargo build --release --ignore-rust-version --features local \
   --target-dir "$ROOT/target/upstream-bench" >&2)
 UPSTREAM="$ROOT/target/upstream-bench/release/nuvec-upstream-bench"
-cargo build --release --ignore-rust-version --bin nuvec-launch >&2
+cargo build --release --ignore-rust-version -p nuvec-launch >&2
 case "$LAUNCHER" in
   nuvec) LAUNCH="$ROOT/target/release/nuvec-launch" ;;
   mlx) LAUNCH="$MLX_LAUNCH" ;;

@@ -57,8 +57,6 @@ mod config;
 mod error;
 pub mod fabric;
 pub mod jaccl;
-#[doc(hidden)]
-pub mod launch;
 mod limits;
 pub mod ring;
 mod sync;

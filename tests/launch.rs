@@ -9,6 +9,8 @@
 #[cfg(feature = "jaccl")]
 #[path = "common/emu.rs"]
 mod emu;
+#[path = "common/launcher.rs"]
+mod launcher;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -18,9 +20,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use launcher::nuvec_launch as nuvec_launch_binary;
 use nuvec_core::{array, distributed};
 
-const LAUNCH: &str = env!("CARGO_BIN_EXE_nuvec-launch");
 /// What a launched copy of this binary does: `ring` or `dump`.
 const ROLE: &str = "NUVEC_LAUNCH_TEST_ROLE";
 /// The test a launched copy of this binary runs.
@@ -158,7 +160,7 @@ fn entries(dir: &Path) -> Vec<String> {
 
 /// `nuvec-launch ARGS`, with `TMPDIR` set to `tmp` and no terminal size in the environment.
 fn nuvec_launch(tmp: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(LAUNCH);
+    let mut cmd = Command::new(nuvec_launch_binary());
     cmd.args(args)
         .env("TMPDIR", tmp)
         .env_remove("COLUMNS")
@@ -471,7 +473,7 @@ const RING_OF_FOUR: [&str; 4] = [
 
 #[test]
 fn jaccl_and_jaccl_ring_jobs_run_a_real_all_sum_over_tcp() {
-    jaccl_jobs(Path::new(LAUNCH), &["--env", "NUVEC_JACCL_FABRIC=tcp"]);
+    jaccl_jobs(nuvec_launch_binary(), &["--env", "NUVEC_JACCL_FABRIC=tcp"]);
 }
 
 /// Runs a 3-rank mesh and a 4-rank ring through `launcher` with the extra launcher arguments
@@ -500,7 +502,7 @@ fn jaccl_jobs(launcher: &Path, extra: &[&str]) {
         args.extend(extra);
         args.push("--");
         args.extend(command.iter().map(String::as_str));
-        let mut cmd = if launcher == Path::new(LAUNCH) {
+        let mut cmd = if launcher == nuvec_launch_binary() {
             nuvec_launch(&tmp, &args)
         } else {
             let mut cmd = Command::new(launcher);
@@ -523,7 +525,7 @@ fn jaccl_jobs(launcher: &Path, extra: &[&str]) {
                 done.describe()
             );
         }
-        if launcher == Path::new(LAUNCH) {
+        if launcher == nuvec_launch_binary() {
             assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
         }
     }
@@ -567,7 +569,7 @@ fn jaccl_and_jaccl_ring_jobs_run_over_the_rdma_fabric_launched_by_nuvec_launch_a
         "--env",
         &devices,
     ];
-    jaccl_jobs(Path::new(LAUNCH), &extra);
+    jaccl_jobs(nuvec_launch_binary(), &extra);
     if let Some(mlx) = mlx_launch() {
         jaccl_jobs(&mlx, &extra);
     }
@@ -764,7 +766,7 @@ fn usage_errors_exit_2_and_help_exits_0() {
     let help = run(nuvec_launch(&tmp, &["--help"]), Duration::from_secs(30));
     assert_eq!(help.code, Some(0));
     assert!(
-        help.stdout.starts_with("usage: nuvec-launch"),
+        help.stdout.starts_with("Usage: nuvec-launch"),
         "{}",
         help.stdout
     );
@@ -871,7 +873,7 @@ fn the_environment_matches_mlx_launchs() {
         full.push("--".to_owned());
         full.extend(command.iter().cloned());
         let mut results = Vec::new();
-        for launcher in [mlx.as_path(), Path::new(LAUNCH)] {
+        for launcher in [mlx.as_path(), nuvec_launch_binary()] {
             let tmp = dir.join(if launcher == mlx {
                 "tmp-mlx"
             } else {
@@ -896,7 +898,7 @@ fn the_environment_matches_mlx_launchs() {
             );
             let dumps = dumps(&done);
             assert!(!dumps.is_empty(), "{name}: {}", done.describe());
-            if launcher == Path::new(LAUNCH) {
+            if launcher == nuvec_launch_binary() {
                 assert_eq!(entries(&tmp), Vec::<String>::new(), "{name}: files left");
             }
             std::fs::remove_dir_all(&tmp).expect("remove TMPDIR");

@@ -17,9 +17,9 @@ const LAYERS: [&[&str]; 9] = [
     &["lib"],
 ];
 
-/// Files that are not part of the library's layers (the launcher, which uses nothing of the
-/// crate but its address reading, is on its way to a crate of its own).
-const OUTSIDE: [&str; 2] = ["launch", "bin"];
+/// Files of `src/` that are not part of the library's layers: none (the launcher is the crate
+/// `launch/`, which uses nothing of this one).
+const OUTSIDE: [&str; 0] = [];
 
 /// The layer of a top-level module name; names that are no module (the crate's re-exports and
 /// functions, `crate::init`, `crate::Options` …) belong to the top.

@@ -6,12 +6,13 @@
 //! nuvec-launch --hostfile jaccl.json --backend jaccl-ring ./prog  # MLX's JSON host file
 //! ```
 //!
-//! The command line, the host file, the ports, the hostfile (`MLX_HOSTFILE`) or device file
-//! (`MLX_IBV_DEVICES`) and the exported variables are `mlx.launch`'s (see
-//! `nuvec_distributed::launch`, which holds all of that logic). Ranks on `127.0.0.1` or
-//! `localhost` are started directly, with one shared temporary file that is removed when the
-//! job ends; other ranks are started with `ssh -tt HOST SCRIPT`, the script `mlx.launch`
-//! sends (it writes the file with `mktemp` on that host).
+//! The command line ([`args`]), the hosts ([`hosts`]), the ports, the hostfile
+//! (`MLX_HOSTFILE`) or device file (`MLX_IBV_DEVICES`) and the exported variables ([`plan`])
+//! and the scripts sent through `ssh` ([`script`]) are `mlx.launch`'s; this file starts and
+//! supervises the processes. Ranks on `127.0.0.1` or `localhost` are started directly, with
+//! one shared temporary file that is removed when the job ends; other ranks are started with
+//! `ssh -tt HOST SCRIPT`, the script `mlx.launch` sends (it writes the file with `mktemp` on
+//! that host).
 //!
 //! Each line a rank prints goes to the same stream of `nuvec-launch`, prefixed with
 //! `[rank R] `, and standard input is copied to every rank (only while `nuvec-launch` is in
@@ -20,6 +21,22 @@
 //! 5 s; remote ranks also through `mlx.launch`'s PID-file kill script) and `nuvec-launch`
 //! exits with the failing rank's status (128 + N when signal N ended it).
 //!
+//! # The output pump
+//!
+//! A thread per rank pipe (stdout, stderr) reads lines and sends them on one bounded
+//! `crossbeam_channel`; the main thread is the only writer of this process's stdout and
+//! stderr (so lines of different ranks never mix) and waits with `select!` on the lines, a
+//! ticker and, while ranks are being stopped, the SIGKILL and give-up deadlines. The readers
+//! stay threads because std's pipes only block (polling them needs `unsafe` or `mio`), and a
+//! full channel holds a chatty rank back as its pipe did. Exit statuses are still polled
+//! (`try_wait` on each tick, [`POLL`]): a thread blocked in `wait` would reap the child while
+//! the main thread may still signal its PID, which could by then be another process's.
+//!
+//! This file is the one that has side effects (processes, pipes, the temporary file, the
+//! watchdog), which is why it is longer than the others (about 800 lines): the rest of the
+//! crate is pure and unit-tested, this file is tested end to end by the main crate's
+//! `tests/launch.rs`.
+//!
 //! Signals: there is no signal handler (that needs `unsafe` or a dependency). Local ranks
 //! stay in `nuvec-launch`'s process group, so Ctrl-C in a terminal reaches every one of them
 //! directly, as with `mlx.launch`. When `nuvec-launch` itself dies (Ctrl-C, SIGTERM, SIGKILL,
@@ -27,17 +44,24 @@
 //! its standard input) waits 1 s, sends SIGTERM to the ranks still running and removes the
 //! temporary file.
 
+mod args;
+mod hosts;
+mod plan;
+mod script;
+
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nuvec_distributed::launch::{self, HostList, Parsed, Plan, RankPlan};
+use crossbeam_channel::{Receiver, Sender, after, never, select, tick};
+
+use crate::hosts::HostList;
+use crate::plan::{Plan, RankPlan};
 
 /// How long stopped ranks get between SIGTERM and SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
@@ -57,13 +81,9 @@ fn main() {
 }
 
 fn run() -> i32 {
-    let args = match launch::parse_args(std::env::args_os().skip(1)) {
-        Ok(Parsed::Help) => {
-            print!("{}", launch::USAGE);
-            return 0;
-        }
-        Ok(Parsed::Run(args)) => args,
-        Err(e) => return usage_failure(&e),
+    let args = match args::parse(std::env::args_os()) {
+        Ok(args) => args,
+        Err(e) => return args::exit_code(&e),
     };
     let list = match &args.hostfile {
         Some(path) => HostList::from_file(path),
@@ -73,12 +93,12 @@ fn run() -> i32 {
         Ok(list) => list,
         Err(e) => return usage_failure(&e),
     };
-    let terminal = launch::terminal_size(
+    let terminal = plan::terminal_size(
         std::env::var("COLUMNS").ok().as_deref(),
         std::env::var("LINES").ok().as_deref(),
         tty_size(),
     );
-    let plan = match launch::plan(&args, list, terminal) {
+    let plan = match plan::plan(&args, list, terminal) {
         Ok(plan) => plan,
         Err(e) => return usage_failure(&e),
     };
@@ -89,15 +109,13 @@ fn run() -> i32 {
     }
     info(
         plan.verbose,
-        &format!("Running {}", launch::shell_join(&args.command)),
+        &format!("Running {}", script::shell_join(&args.command)),
     );
     Job::new(plan).run()
 }
 
-fn usage_failure(e: &launch::UsageError) -> i32 {
-    eprintln!("usage: nuvec-launch [options] [--] COMMAND [ARG]... (see nuvec-launch --help)");
-    eprintln!("nuvec-launch: error: {e}");
-    2
+fn usage_failure(e: &args::UsageError) -> i32 {
+    args::exit_code(&args::to_clap(e))
 }
 
 /// `mlx.launch`'s log line: `[TAG] message`, coloured when standard error is a terminal.
@@ -322,10 +340,23 @@ impl Watchdog {
     }
 }
 
-/// Why the main loop wakes before its poll interval.
-enum Event {
-    /// A rank's output stream ended.
-    StreamClosed,
+/// How many lines of the ranks' output may wait for the main thread before their readers
+/// (and so the ranks, once their pipes fill) wait too.
+const PENDING_LINES: usize = 1024;
+
+/// What a reader thread tells the main thread about a rank's pipe.
+enum Output {
+    /// A line (with its `\n`, unless the stream ended without one).
+    Line {
+        /// The rank.
+        rank: usize,
+        /// Whether the line is from the rank's standard error.
+        stderr: bool,
+        /// The bytes.
+        line: Vec<u8>,
+    },
+    /// A rank's stream ended.
+    Closed,
 }
 
 /// One rank while the job runs.
@@ -337,13 +368,22 @@ struct Rank {
     /// Whether this launcher stopped it.
     stopped: bool,
     /// The remote PID file the rank's script printed first (remote ranks only).
-    pidfile: Option<Arc<Mutex<Option<String>>>>,
+    pidfile: Option<String>,
+    /// Whether its standard output is still read for the PID file line (remote ranks only).
+    awaiting_pidfile: bool,
+}
+
+impl Rank {
+    /// Whether it was started and has not ended yet.
+    fn running(&self) -> bool {
+        self.child.is_some() && self.code.is_none()
+    }
 }
 
 struct Job {
     plan: Plan,
     ranks: Vec<Rank>,
-    events: (Sender<Event>, Receiver<Event>),
+    output: (Sender<Output>, Receiver<Output>),
     open_streams: usize,
     /// Remote kill scripts started to stop remote ranks.
     kill_scripts: Vec<Child>,
@@ -359,13 +399,14 @@ impl Job {
                 child: None,
                 code: None,
                 stopped: false,
-                pidfile: (!r.local).then(|| Arc::new(Mutex::new(None))),
+                pidfile: None,
+                awaiting_pidfile: !r.local,
             })
             .collect();
         Job {
             plan,
             ranks,
-            events: mpsc::channel(),
+            output: crossbeam_channel::bounded(PENDING_LINES),
             open_streams: 0,
             kill_scripts: Vec::new(),
         }
@@ -454,21 +495,21 @@ impl Job {
                     self.say(
                         rank.rank,
                         true,
-                        &format!("Failed to change directory to {}", launch::shell_quote(dir)),
+                        &format!("Failed to change directory to {}", script::shell_quote(dir)),
                     );
                 }
             }
             cmd
         } else {
-            let script = launch::launch_script(&self.plan, rank.rank, launcher_cwd, false);
-            let argv = launch::ssh_command(&rank.host, &script);
+            let script = script::launch_script(&self.plan, rank.rank, launcher_cwd, false);
+            let argv = script::ssh_command(&rank.host, &script);
             info(
                 self.plan.verbose,
                 &format!(
                     "Rank {} on {}: {}",
                     rank.rank,
                     rank.host,
-                    launch::shell_join(&argv)
+                    script::shell_join(&argv)
                 ),
             );
             let mut cmd = Command::new(&argv[0]);
@@ -480,12 +521,11 @@ impl Job {
             .stderr(Stdio::piped());
         match cmd.spawn() {
             Ok(mut child) => {
-                let pidfile = self.ranks[i].pidfile.clone();
                 if let Some(out) = child.stdout.take() {
-                    self.forward(rank.rank, out, false, pidfile);
+                    self.read(rank.rank, out, false);
                 }
                 if let Some(err) = child.stderr.take() {
-                    self.forward(rank.rank, err, true, None);
+                    self.read(rank.rank, err, true);
                 }
                 Ok(child)
             }
@@ -500,7 +540,7 @@ impl Job {
                     true,
                     &format!(
                         "nuvec-launch: cannot run {}: {e}",
-                        launch::shell_quote(program)
+                        script::shell_quote(program)
                     ),
                 );
                 let code = if e.kind() == std::io::ErrorKind::NotFound {
@@ -529,141 +569,171 @@ impl Job {
         }
     }
 
-    /// Copies a rank's stream line by line to this process's, each line prefixed with the
-    /// rank; a remote rank's PID file line (its first line that is one, see
-    /// [`launch::pidfile_path`]) is kept rather than printed.
-    fn forward(
-        &mut self,
-        rank: usize,
-        stream: impl Read + Send + 'static,
-        to_stderr: bool,
-        pidfile: Option<Arc<Mutex<Option<String>>>>,
-    ) {
+    /// Starts the thread that reads a rank's stream line by line and sends each line to the
+    /// main thread ([`Job::print`]).
+    fn read(&mut self, rank: usize, stream: impl Read + Send + 'static, stderr: bool) {
         self.open_streams += 1;
-        let events = self.events.0.clone();
+        let output = self.output.0.clone();
         std::thread::spawn(move || {
-            let prefix = format!("[rank {rank}] ");
             let mut reader = BufReader::new(stream);
-            let mut line = Vec::new();
-            let mut awaiting_pidfile = pidfile.is_some();
             loop {
-                line.clear();
+                let mut line = Vec::new();
                 match reader.read_until(b'\n', &mut line) {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {}
                 }
-                if awaiting_pidfile && let Some(slot) = &pidfile {
-                    // Lines before the PID file's (a login banner) are the rank's output; only
-                    // a path `launch::pidfile_path` accepts ever reaches the kill script.
-                    let text = String::from_utf8_lossy(&line);
-                    if let Some(path) = launch::pidfile_path(&text) {
-                        awaiting_pidfile = false;
-                        *slot.lock().unwrap_or_else(PoisonError::into_inner) =
-                            Some(path.to_owned());
-                        continue;
-                    }
-                }
-                let mut text = Vec::with_capacity(prefix.len() + line.len() + 1);
-                text.extend_from_slice(prefix.as_bytes());
-                text.extend_from_slice(&line);
-                if !line.ends_with(b"\n") {
-                    text.push(b'\n');
-                }
-                if to_stderr {
-                    let _ = std::io::stderr().lock().write_all(&text);
-                } else {
-                    let mut out = std::io::stdout().lock();
-                    let _ = out.write_all(&text);
-                    let _ = out.flush();
+                if output.send(Output::Line { rank, stderr, line }).is_err() {
+                    return;
                 }
             }
-            let _ = events.send(Event::StreamClosed);
+            let _ = output.send(Output::Closed);
         });
     }
 
-    /// Waits for every rank; once one fails, stops the others. Returns the job's status.
+    /// Handles what a reader sent: prints a line prefixed with its rank, except a remote
+    /// rank's PID file line (its first line that is one, see [`script::pidfile_path`]), which
+    /// is kept rather than printed.
+    fn print(&mut self, output: Output) {
+        let (rank, stderr, line) = match output {
+            Output::Closed => {
+                self.open_streams -= 1;
+                return;
+            }
+            Output::Line { rank, stderr, line } => (rank, stderr, line),
+        };
+        let r = &mut self.ranks[rank];
+        if !stderr && r.awaiting_pidfile {
+            // Lines before the PID file's (a login banner) are the rank's output; only a path
+            // `script::pidfile_path` accepts ever reaches the kill script.
+            let text = String::from_utf8_lossy(&line);
+            if let Some(path) = script::pidfile_path(&text) {
+                r.awaiting_pidfile = false;
+                r.pidfile = Some(path.to_owned());
+                return;
+            }
+        }
+        let prefix = format!("[rank {rank}] ");
+        let mut text = Vec::with_capacity(prefix.len() + line.len() + 1);
+        text.extend_from_slice(prefix.as_bytes());
+        text.extend_from_slice(&line);
+        if !line.ends_with(b"\n") {
+            text.push(b'\n');
+        }
+        if stderr {
+            let _ = std::io::stderr().lock().write_all(&text);
+        } else {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(&text);
+            let _ = out.flush();
+        }
+    }
+
+    /// Waits for every rank, printing their output; once one fails, stops the others.
+    /// Returns the job's status.
     fn supervise(&mut self, mut failure: Option<(usize, i32)>, watchdog: &mut Watchdog) -> i32 {
         let verbose = self.plan.verbose;
-        let mut stopping_since: Option<Instant> = None;
-        let mut killed = false;
+        let lines = self.output.1.clone();
+        let ticker = tick(POLL);
+        // SIGKILL for the ranks still running, then giving up on them: set once stopping.
+        let mut kill_at = never();
+        let mut give_up_at = never();
+        let mut stopping = false;
+        let mut check = true;
         loop {
-            for r in &mut self.ranks {
-                let Some(child) = &mut r.child else { continue };
-                if r.code.is_some() {
-                    continue;
-                }
-                let status = match child.try_wait() {
-                    Ok(Some(status)) => status,
-                    Ok(None) => continue,
-                    Err(e) => {
-                        warn(&format!("cannot wait for rank {}: {e}", r.plan.rank));
-                        ExitStatus::from_raw(1 << 8)
-                    }
-                };
-                watchdog.tell("del", child.id());
-                let code = status_code(&status);
-                r.code = Some(code);
-                let rank = r.plan.rank;
-                if r.stopped {
-                    warn(&format!("Node with rank {rank} was killed"));
-                } else if status.success() {
-                    info(verbose, &format!("Node with rank {rank} completed"));
-                } else {
-                    match status.signal() {
-                        Some(sig) => warn(&format!(
-                            "Node with rank {rank} was terminated by signal {sig}"
-                        )),
-                        None => warn(&format!("Node with rank {rank} exited with code {code}")),
-                    }
-                    failure.get_or_insert((rank, code));
+            if check {
+                check = false;
+                self.reap(&mut failure, watchdog);
+                if !self.ranks.iter().any(Rank::running) {
+                    break;
                 }
             }
-            let running = |r: &&mut Rank| r.child.is_some() && r.code.is_none();
-            if !self.ranks.iter_mut().any(|r| running(&r)) {
-                break;
-            }
-            if failure.is_some() && stopping_since.is_none() {
-                stopping_since = Some(Instant::now());
+            if failure.is_some() && !stopping {
+                stopping = true;
+                kill_at = after(GRACE);
+                // The PID file lines already read, so that the kill scripts can use them.
+                while let Ok(output) = lines.try_recv() {
+                    self.print(output);
+                }
                 let mut scripts = Vec::new();
-                for r in self.ranks.iter_mut().filter(running) {
+                for r in self.ranks.iter_mut().filter(|r| r.running()) {
                     scripts.extend(stop(r, verbose));
                 }
                 self.kill_scripts.extend(scripts);
             }
-            if let Some(since) = stopping_since {
-                if !killed && since.elapsed() >= GRACE {
-                    killed = true;
-                    for r in self.ranks.iter_mut().filter(running) {
+            select! {
+                recv(lines) -> output => {
+                    if let Ok(output) = output {
+                        self.print(output);
+                    }
+                }
+                recv(ticker) -> _ => check = true,
+                recv(kill_at) -> _ => {
+                    kill_at = never();
+                    give_up_at = after(KILL_WAIT);
+                    for r in self.ranks.iter_mut().filter(|r| r.running()) {
                         if let Some(child) = &mut r.child {
                             signal("KILL", &descendants(child.id()));
                             let _ = child.kill();
                         }
                     }
                 }
-                if killed && since.elapsed() >= GRACE + KILL_WAIT {
+                recv(give_up_at) -> _ => {
                     warn("some ranks did not end after SIGKILL; giving up on them");
                     break;
                 }
-            }
-            match self.events.1.recv_timeout(POLL) {
-                Ok(Event::StreamClosed) => self.open_streams -= 1,
-                Err(_) => {}
             }
         }
         failure.map_or(0, |(_, code)| code)
     }
 
-    /// Forwards what is left of the ranks' output, for at most [`DRAIN`].
-    fn drain(&mut self) {
-        let deadline = Instant::now() + DRAIN;
-        while self.open_streams > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
+    /// Collects the exit status of every rank that has ended since the last call, and
+    /// records the first failure.
+    fn reap(&mut self, failure: &mut Option<(usize, i32)>, watchdog: &mut Watchdog) {
+        let verbose = self.plan.verbose;
+        for r in &mut self.ranks {
+            let Some(child) = &mut r.child else { continue };
+            if r.code.is_some() {
+                continue;
             }
-            match self.events.1.recv_timeout(left) {
-                Ok(Event::StreamClosed) => self.open_streams -= 1,
-                Err(_) => break,
+            let status = match child.try_wait() {
+                Ok(Some(status)) => status,
+                Ok(None) => continue,
+                Err(e) => {
+                    warn(&format!("cannot wait for rank {}: {e}", r.plan.rank));
+                    ExitStatus::from_raw(1 << 8)
+                }
+            };
+            watchdog.tell("del", child.id());
+            let code = status_code(&status);
+            r.code = Some(code);
+            let rank = r.plan.rank;
+            if r.stopped {
+                warn(&format!("Node with rank {rank} was killed"));
+            } else if status.success() {
+                info(verbose, &format!("Node with rank {rank} completed"));
+            } else {
+                match status.signal() {
+                    Some(sig) => warn(&format!(
+                        "Node with rank {rank} was terminated by signal {sig}"
+                    )),
+                    None => warn(&format!("Node with rank {rank} exited with code {code}")),
+                }
+                failure.get_or_insert((rank, code));
+            }
+        }
+    }
+
+    /// Prints what is left of the ranks' output, for at most [`DRAIN`].
+    fn drain(&mut self) {
+        let lines = self.output.1.clone();
+        let deadline = after(DRAIN);
+        while self.open_streams > 0 {
+            select! {
+                recv(lines) -> output => match output {
+                    Ok(output) => self.print(output),
+                    Err(_) => break,
+                },
+                recv(deadline) -> _ => break,
             }
         }
     }
@@ -703,19 +773,14 @@ fn stop(r: &mut Rank, verbose: bool) -> Option<Child> {
     if r.plan.local {
         return None;
     }
-    let pidfile = r
-        .pidfile
-        .as_ref()?
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()?;
-    let argv = launch::kill_command(&r.plan.host, &pidfile);
+    let pidfile = r.pidfile.clone()?;
+    let argv = script::kill_command(&r.plan.host, &pidfile);
     info(
         verbose,
         &format!(
             "Stopping rank {}: {}",
             r.plan.rank,
-            launch::shell_join(&argv)
+            script::shell_join(&argv)
         ),
     );
     Command::new(&argv[0])
@@ -732,7 +797,7 @@ fn broadcast_stdin(stdins: Vec<ChildStdin>) {
     let senders: Vec<Sender<Arc<[u8]>>> = stdins
         .into_iter()
         .map(|mut stdin| {
-            let (tx, rx) = mpsc::channel::<Arc<[u8]>>();
+            let (tx, rx) = crossbeam_channel::unbounded::<Arc<[u8]>>();
             std::thread::spawn(move || {
                 for chunk in rx {
                     if stdin

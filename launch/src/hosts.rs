@@ -1,0 +1,265 @@
+//! The hosts of a job: `--hosts`/`-n`, or MLX's JSON host file (`--hostfile`).
+//!
+//! One [`Host`] per rank, in rank order, with the host file's backend and environment. The
+//! host file is read as `mlx.launch`'s `Hostfile` reads it, a little stricter: a field of the
+//! wrong type is an error here rather than a failure later.
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::args::{UsageError, usage_error};
+
+/// The most ranks a job may have: every ring rank listens on at least one port of its own.
+pub(crate) const MAX_RANKS: usize = 65535;
+
+/// One host of the job: one rank.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Host {
+    /// The name `ssh` connects to (`"ssh"` in the host file).
+    pub(crate) ssh: String,
+    /// The addresses the ring listens on (`"ips"`).
+    pub(crate) ips: Vec<String>,
+    /// The RDMA device(s) towards each rank (`"rdma"`): `null`, a string or a list of strings.
+    pub(crate) rdma: Vec<Value>,
+}
+
+/// The hosts of a job, with the host file's backend and environment.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub(crate) struct HostList {
+    /// One host per rank, in rank order.
+    pub(crate) hosts: Vec<Host>,
+    /// The host file's `"backend"` (empty when absent).
+    pub(crate) backend: String,
+    /// The host file's `"envs"` (`KEY=VALUE` strings).
+    pub(crate) envs: Vec<String>,
+}
+
+/// Whether `host` is an IP address literal (Python's `ipaddress.ip_address`; an IPv6 zone
+/// such as `%en0` is allowed).
+fn is_ip(host: &str) -> bool {
+    if host.parse::<IpAddr>().is_ok() {
+        return true;
+    }
+    match host.split_once('%') {
+        Some((addr, zone)) => !zone.is_empty() && addr.parse::<Ipv6Addr>().is_ok(),
+        None => false,
+    }
+}
+
+impl HostList {
+    /// The hosts of `--hosts a,b,c` with `-n repeats`: each host `repeats` times in a row; a
+    /// host that is an IP address listens on it (`ips = [host]`).
+    ///
+    /// # Errors
+    ///
+    /// A [`UsageError`] when an entry is empty.
+    pub(crate) fn from_list(list: &str, repeats: usize) -> Result<HostList, UsageError> {
+        let names: Vec<&str> = list.split(',').collect();
+        if names.iter().any(|h| h.is_empty()) {
+            return Err(usage_error("Hostname cannot be empty"));
+        }
+        // Checked before a host is built: `-n 100000000000` must be an error, not a loop.
+        if names
+            .len()
+            .checked_mul(repeats)
+            .is_none_or(|ranks| ranks > MAX_RANKS)
+        {
+            return Err(usage_error(format!(
+                "argument -n: {repeats} rank(s) on each of {} host(s) is more than {MAX_RANKS} \
+                 ranks (a ring rank listens on a port of its own)",
+                names.len()
+            )));
+        }
+        let mut hosts = Vec::with_capacity(names.len() * repeats);
+        for h in names {
+            let ips = if is_ip(h) {
+                vec![h.to_owned()]
+            } else {
+                Vec::new()
+            };
+            for _ in 0..repeats {
+                hosts.push(Host {
+                    ssh: h.to_owned(),
+                    ips: ips.clone(),
+                    rdma: Vec::new(),
+                });
+            }
+        }
+        Ok(HostList {
+            hosts,
+            ..HostList::default()
+        })
+    }
+
+    /// Reads MLX's JSON host file at `path` (see [`HostList::parse`]).
+    ///
+    /// # Errors
+    ///
+    /// A [`UsageError`] when the file does not exist, cannot be read or does not parse.
+    pub(crate) fn from_file(path: &Path) -> Result<HostList, UsageError> {
+        let shown = path.display();
+        if !path.exists() {
+            return Err(usage_error(format!("Hostfile {shown} doesn't exist")));
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| usage_error(format!("Failed to parse hostfile {shown} ({e})")))?;
+        HostList::parse(&text, &shown.to_string())
+    }
+
+    /// Parses the text of MLX's JSON host file: a list of hosts, or an object with `"hosts"`
+    /// and optionally `"backend"` and `"envs"`; each host is `{"ssh": name, "ips": [...],
+    /// "rdma": [...]}` with `"ips"` and `"rdma"` optional. `origin` names the file in errors.
+    ///
+    /// # Errors
+    ///
+    /// A [`UsageError`] `Failed to parse hostfile ORIGIN (what)` when the text is not JSON,
+    /// the top level is neither a list nor an object, `"hosts"` is missing, a host has no
+    /// `"ssh"` string, or a field has the wrong type (stricter than MLX, which only fails on
+    /// a missing key).
+    pub(crate) fn parse(text: &str, origin: &str) -> Result<HostList, UsageError> {
+        let fail =
+            |what: String| usage_error(format!("Failed to parse hostfile {origin} ({what})"));
+        let data: Value = serde_json::from_str(text).map_err(|e| fail(e.to_string()))?;
+        let mut list = HostList::default();
+        let hosts = match &data {
+            Value::Object(map) => {
+                match map.get("backend") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(b)) => list.backend = b.clone(),
+                    Some(_) => return Err(fail("\"backend\" must be a string".into())),
+                }
+                match map.get("envs") {
+                    None | Some(Value::Null) => {}
+                    Some(v) => {
+                        list.envs = strings(v).ok_or_else(|| {
+                            fail("\"envs\" must be a list of \"KEY=VALUE\" strings".into())
+                        })?
+                    }
+                }
+                map.get("hosts").ok_or_else(|| fail("'hosts'".into()))?
+            }
+            Value::Array(_) => &data,
+            _ => {
+                return Err(fail(
+                    "expected a list of hosts or an object with \"hosts\"".into(),
+                ));
+            }
+        };
+        let Value::Array(hosts) = hosts else {
+            return Err(fail("\"hosts\" must be a list".into()));
+        };
+        for (i, h) in hosts.iter().enumerate() {
+            let Value::Object(h) = h else {
+                return Err(fail(format!("host {i}: expected an object with \"ssh\"")));
+            };
+            let ssh = match h.get("ssh") {
+                Some(Value::String(s)) => s.clone(),
+                Some(_) => return Err(fail(format!("host {i}: \"ssh\" must be a string"))),
+                None => return Err(fail("'ssh'".into())),
+            };
+            let ips = match h.get("ips") {
+                None => Vec::new(),
+                Some(v) => strings(v)
+                    .ok_or_else(|| fail(format!("host {i}: \"ips\" must be a list of strings")))?,
+            };
+            let rdma = match h.get("rdma") {
+                None => Vec::new(),
+                Some(Value::Array(entries)) => {
+                    for (j, e) in entries.iter().enumerate() {
+                        let ok = match e {
+                            Value::Null | Value::String(_) => true,
+                            Value::Array(_) => strings(e).is_some(),
+                            _ => false,
+                        };
+                        if !ok {
+                            return Err(fail(format!(
+                                "host {i}: \"rdma\"[{j}] must be null, a device name or a list \
+                                 of device names"
+                            )));
+                        }
+                    }
+                    entries.clone()
+                }
+                Some(_) => return Err(fail(format!("host {i}: \"rdma\" must be a list"))),
+            };
+            list.hosts.push(Host { ssh, ips, rdma });
+        }
+        Ok(list)
+    }
+}
+
+/// A JSON list of strings.
+fn strings(v: &Value) -> Option<Vec<String>> {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_owned))
+            .collect(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn hosts_expand_in_order_with_repeats_and_ips_only_for_addresses() {
+        let l = HostList::from_list("10.0.0.1,mac-b,::1", 2).unwrap();
+        let got: Vec<(&str, Vec<String>)> = l
+            .hosts
+            .iter()
+            .map(|h| (h.ssh.as_str(), h.ips.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("10.0.0.1", strings(&["10.0.0.1"])),
+                ("10.0.0.1", strings(&["10.0.0.1"])),
+                ("mac-b", vec![]),
+                ("mac-b", vec![]),
+                ("::1", strings(&["::1"])),
+                ("::1", strings(&["::1"])),
+            ]
+        );
+        assert!(is_ip("fe80::1%en0") && !is_ip("localhost") && !is_ip("1.2.3"));
+        assert_eq!(
+            HostList::from_list("a,,b", 1).unwrap_err().0,
+            "Hostname cannot be empty"
+        );
+        assert_eq!(
+            HostList::from_list("", 1).unwrap_err().0,
+            "Hostname cannot be empty"
+        );
+    }
+
+    #[test]
+    fn host_files_that_mlx_would_misread_are_refused() {
+        let e = |t: &str| HostList::parse(t, "h.json").unwrap_err().0;
+        assert!(e("{").starts_with("Failed to parse hostfile h.json ("));
+        assert_eq!(
+            e(r#"{"backend": "ring"}"#),
+            "Failed to parse hostfile h.json ('hosts')"
+        );
+        assert_eq!(
+            e(r#"[{"ips": []}]"#),
+            "Failed to parse hostfile h.json ('ssh')"
+        );
+        assert!(e(r#"[{"ssh": "a", "ips": "1.2.3.4"}]"#).contains("\"ips\" must be a list"));
+        assert!(e(r#"[{"ssh": "a", "rdma": [1]}]"#).contains("\"rdma\"[0]"));
+        assert!(e(r#"{"envs": "A=1", "hosts": []}"#).contains("\"envs\""));
+        assert!(e("3").contains("expected a list of hosts"));
+        assert_eq!(
+            HostList::from_file(Path::new("/nonexistent/h.json"))
+                .unwrap_err()
+                .0,
+            "Hostfile /nonexistent/h.json doesn't exist"
+        );
+    }
+}
