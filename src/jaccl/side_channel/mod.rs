@@ -42,6 +42,13 @@
 //!   read or write at a time;
 //! - this file: [`SideChannel`], which runs the protocol over the sockets with a deadline per
 //!   all-gather.
+//!
+//! This file may use its three submodules, `hostfile::resolve` for the coordinator's address and
+//! `limits::deadline_in` for the deadlines. Invariants: every all-gather gets the whole timeout
+//! from its first transfer, each socket call at most what is left of it; every byte read is fed
+//! to the protocol, which never takes more than its current message asks, so nothing is read
+//! ahead; a failure is the protocol's error, so it names this rank, the all-gather, the peer and
+//! the bytes moved, and every later call fails with it.
 
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -294,7 +301,7 @@ impl SideChannel {
         };
         let rank = self.protocol.rank();
         loop {
-            let stall = match self.protocol.next() {
+            let stall = match self.protocol.poll() {
                 Next::Done(result) => return result,
                 Next::Send {
                     peer,

@@ -11,7 +11,7 @@
 //!
 //! # Driving it
 //!
-//! [`Protocol::start`] an [`Operation`], then loop on [`Protocol::next`]: send what
+//! [`Protocol::start`] an [`Operation`], then loop on [`Protocol::poll`]: send what
 //! [`Next::Send`] asks on the connection to `peer` and report how much went with
 //! [`Protocol::on_sent`]; receive at most what [`Next::Receive`] asks from `peer` and feed it
 //! to [`Protocol::on_received`]; [`Next::Done`] carries the operation's result. When the
@@ -266,7 +266,7 @@ impl Protocol {
         self.timeout
     }
 
-    /// Starts `op`; [`next`](Self::next) then drives it. An operation still running is
+    /// Starts `op`; [`poll`](Self::poll) then drives it. An operation still running is
     /// abandoned (its bytes are lost, so the channel counts as failed).
     ///
     /// # Errors
@@ -345,7 +345,7 @@ impl Protocol {
 
     /// What the driver does next (see [`Next`]). After [`Next::Done`] the protocol is idle;
     /// when idle, it is `Done` with an argument error.
-    pub fn next(&mut self) -> Next<'_> {
+    pub fn poll(&mut self) -> Next<'_> {
         if !matches!(self.state, State::Gathering { .. }) {
             return Next::Done(match std::mem::replace(&mut self.state, State::Idle) {
                 State::Done(result) => result,

@@ -82,8 +82,9 @@ impl Destination {
     }
 }
 
-/// Every rank's ring [`Destination`]s, from [`SideChannel::exchange_ring`](super::SideChannel::exchange_ring): `left[r]` are rank
-/// r's QPs towards its left neighbour (one per wire), `right[r]` towards its right one.
+/// Every rank's ring [`Destination`]s, from
+/// [`SideChannel::exchange_ring`](super::SideChannel::exchange_ring): `left[r]` are rank r's QPs
+/// towards its left neighbour (one per wire), `right[r]` towards its right one.
 ///
 /// As in MLX, wire w of my left QPs pairs with wire w of my left neighbour's right QPs, and my
 /// right QPs with my right neighbour's left QPs ([`remote_for_left`](Self::remote_for_left),

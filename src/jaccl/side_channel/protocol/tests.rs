@@ -11,7 +11,7 @@ fn drive(p: &mut Protocol, reply: &[u8]) -> (Vec<u8>, Result<Output, Error>) {
     let mut sent = Vec::new();
     let mut at = 0;
     loop {
-        match p.next() {
+        match p.poll() {
             Next::Done(result) => return (sent, result),
             Next::Send { peer, bytes, .. } => {
                 assert_eq!(peer, 0);
@@ -42,7 +42,7 @@ fn le(values: &[i32]) -> Vec<u8> {
 fn another_rank_sends_its_block_then_takes_exactly_the_gathered_blocks() {
     let mut p = Protocol::new(1, 2, T).unwrap();
     p.start(Operation::AllGather(b"ab".to_vec())).unwrap();
-    match p.next() {
+    match p.poll() {
         Next::Send {
             peer: 0,
             bytes,
@@ -51,13 +51,13 @@ fn another_rank_sends_its_block_then_takes_exactly_the_gathered_blocks() {
         other => panic!("{other:?}"),
     }
     p.on_sent(1);
-    match p.next() {
+    match p.poll() {
         Next::Send { bytes, .. } => assert_eq!(bytes, b"b"),
         other => panic!("{other:?}"),
     }
     p.on_sent(1);
     assert!(matches!(
-        p.next(),
+        p.poll(),
         Next::Receive {
             peer: 0,
             len: 4,
@@ -66,7 +66,7 @@ fn another_rank_sends_its_block_then_takes_exactly_the_gathered_blocks() {
     ));
     // Bytes past the message belong to the next one: they are not taken.
     assert_eq!(p.on_received(b"xyabNEXT"), 4);
-    match p.next() {
+    match p.poll() {
         Next::Done(Ok(Output::Bytes(b))) => assert_eq!(b, b"xyab"),
         other => panic!("{other:?}"),
     }
@@ -77,14 +77,14 @@ fn rank_zero_reads_every_block_in_rank_order_then_sends_the_concatenation_to_eac
     let mut p = Protocol::new(0, 3, T).unwrap();
     p.start(Operation::AllGather(b"0".to_vec())).unwrap();
     for peer in [1, 2] {
-        match p.next() {
+        match p.poll() {
             Next::Receive { peer: got, len, .. } => assert_eq!((got, len), (peer, 1)),
             other => panic!("{other:?}"),
         }
         assert_eq!(p.on_received(format!("{peer}").as_bytes()), 1);
     }
     for peer in [1, 2] {
-        match p.next() {
+        match p.poll() {
             Next::Send {
                 peer: got, bytes, ..
             } => assert_eq!((got, bytes), (peer, &b"012"[..])),
@@ -92,20 +92,20 @@ fn rank_zero_reads_every_block_in_rank_order_then_sends_the_concatenation_to_eac
         }
         p.on_sent(3);
     }
-    assert!(matches!(p.next(), Next::Done(Ok(Output::Bytes(b))) if b == b"012"));
+    assert!(matches!(p.poll(), Next::Done(Ok(Output::Bytes(b))) if b == b"012"));
 }
 
 #[test]
 fn a_group_of_one_finishes_every_operation_without_moving_a_byte() {
     let mut p = Protocol::new(0, 1, T).unwrap();
     p.start(Operation::Barrier).unwrap();
-    assert!(matches!(p.next(), Next::Done(Ok(Output::Done))));
+    assert!(matches!(p.poll(), Next::Done(Ok(Output::Done))));
     let d = Destination {
         local_id: -1,
         ..Destination::default()
     };
     p.start(Operation::ExchangeMesh(vec![d])).unwrap();
-    assert!(matches!(p.next(), Next::Done(Ok(Output::Mesh(m))) if m == vec![vec![d]]));
+    assert!(matches!(p.poll(), Next::Done(Ok(Output::Mesh(m))) if m == vec![vec![d]]));
 }
 
 #[test]
@@ -265,7 +265,7 @@ fn argument_errors_move_no_byte_and_leave_the_protocol_usable() {
         let e = p.start(op).unwrap_err();
         assert!(e.leaves_group_usable(), "{e}");
         assert!(matches!(
-            p.next(),
+            p.poll(),
             Next::Done(Err(Error::InvalidArgument { .. }))
         ));
     }
