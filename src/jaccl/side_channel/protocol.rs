@@ -4,7 +4,7 @@
 //! this crate's `auth`.
 //!
 //! It may use only the record codec ([`Destination`], [`RingDestinations`]) and
-//! [`Error`](crate::error::Error): no socket, no clock, no thread. The driver
+//! [`Error`]: no socket, no clock, no thread. The driver
 //! ([`SideChannel`](super::SideChannel) over TCP, or a fuzz target over a script) owns the
 //! connections and the deadlines; a [`Duration`] is held here only to name the timeout in
 //! messages.

@@ -2,7 +2,7 @@
 //! queue pairs, and [`RingDestinations`], the ring's pairing of them.
 //!
 //! Pure: no I/O, no clock, no allocation beyond the decoded records. It may use only
-//! [`Error`](crate::error::Error). Invariants: [`Destination::encode`] writes MLX's arm64
+//! [`Error`]. Invariants: [`Destination::encode`] writes MLX's arm64
 //! layout with zero padding; decoding ignores the padding, so `decode(encode(d)) == d`; nothing
 //! here panics on bytes from a peer.
 
