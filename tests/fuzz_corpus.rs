@@ -1,15 +1,15 @@
 //! Every fuzz corpus and artifact file replays without a failure.
 //!
 //! The cargo-fuzz targets (`fuzz/fuzz_targets/`, run with `fuzz/run.sh`) need nightly and
-//! cargo-fuzz; their properties live in `fuzz/src/properties.rs`, which this test includes too,
-//! so on stable every committed seed (`fuzz/corpus/<target>/`) and every committed crash, leak
-//! or timeout input (`fuzz/artifacts/<target>/`) goes through exactly the checks the fuzzer
-//! made. A crash found by fuzzing becomes a regression test by committing its file.
+//! cargo-fuzz; their properties live in `fuzz/src/properties/` (one file per target), whose
+//! `mod.rs` this test includes too, so on stable every committed seed
+//! (`fuzz/corpus/<target>/`) and every committed crash, leak or timeout input
+//! (`fuzz/artifacts/<target>/`) goes through exactly the checks the fuzzer made. A crash found by fuzzing becomes a regression test by committing its file.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
-#[path = "../fuzz/src/properties.rs"]
+#[path = "../fuzz/src/properties/mod.rs"]
 mod properties;
 
 /// The regular files in `dir`, sorted; none if it does not exist.
