@@ -2,13 +2,13 @@
 //! [message channels](ChannelKind::Message), and its step loop; the type's docs state the data
 //! path.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::queue_pair::{Arrival, Completion, Qp, Slot, WR_RECV, WR_SEND};
+use super::MAX_FRAME;
+use super::queue::{Completed, Completion, Undeliverable};
+use super::queue_pair::Qp;
 use super::verbs::status_name;
-use super::{IN_FLIGHT, MAX_FRAME, RECV_AHEAD};
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, most_stuck,
 };
@@ -54,14 +54,14 @@ pub(crate) fn check_transfer(transfer: &Transfer<'_>, exists: bool) -> Option<St
 ///
 /// Every queue pair owns page-aligned registered frames of [`MAX_FRAME`] bytes (512 KiB,
 /// MLX's largest size class, so that any message fits whatever frame size the peers use):
-/// [`IN_FLIGHT`] send frames and [`RECV_AHEAD`] receive frames.
+/// [`IN_FLIGHT`](super::IN_FLIGHT) send frames and [`RECV_AHEAD`](super::RECV_AHEAD) receive frames.
 ///
 /// - A send of n bytes (1 ≤ n ≤ [`MAX_FRAME`]) is staged into a free send frame and posted as
-///   one signaled `IBV_WR_SEND` of exactly those n bytes; at most [`IN_FLIGHT`] sends are in
+///   one signaled `IBV_WR_SEND` of exactly those n bytes; at most [`IN_FLIGHT`](super::IN_FLIGHT) sends are in
 ///   flight per queue pair (MLX's `NUM_BUFFERS`); it completes with its (local) work
 ///   completion. A larger send fails with
 ///   [`FailureKind::Invalid`](crate::fabric::FailureKind::Invalid).
-/// - The fabric keeps [`RECV_AHEAD`] receives posted on every queue pair from the moment it is
+/// - The fabric keeps [`RECV_AHEAD`](super::RECV_AHEAD) receives posted on every queue pair from the moment it is
 ///   ready to receive, twice MLX's depth of 2, so that a peer that runs ahead of this rank by
 ///   one step of two messages still finds a receive. A message that completes a receive waits
 ///   in its frame, in arrival order, until a receive transfer takes it; its frame is posted
@@ -153,6 +153,17 @@ impl RdmaFabric {
     }
 }
 
+/// A failure of a queue pair that no transfer of the step is to blame for.
+fn queue_pair_failure(channel: Channel, direction: Direction, kind: FailureKind) -> FabricError {
+    FabricError {
+        channel,
+        direction,
+        done: 0,
+        total: 0,
+        kind,
+    }
+}
+
 /// A failure of transfer `t` of `step`.
 fn failure(step: &[Transfer<'_>], t: usize, done: &[bool], kind: FailureKind) -> FabricError {
     let transfer = &step[t];
@@ -202,9 +213,11 @@ impl Fabric for RdmaFabric {
             }
             owner.push(qp.unwrap_or(usize::MAX));
         }
-        // Per queue pair, the transfers of this step in order.
-        let mut sends: Vec<VecDeque<usize>> = vec![VecDeque::new(); self.qps.len()];
-        let mut recvs: Vec<VecDeque<usize>> = vec![VecDeque::new(); self.qps.len()];
+        // Per queue pair, the transfers of this step in order; what a failed step left in
+        // flight belongs to no transfer of this one.
+        for qp in &mut self.qps {
+            qp.queue.begin_step();
+        }
         let mut remaining = 0usize;
         for (t, transfer) in step.iter().enumerate() {
             if transfer.is_empty() {
@@ -212,32 +225,17 @@ impl Fabric for RdmaFabric {
                 continue;
             }
             remaining += 1;
-            match transfer.direction() {
-                Direction::Send => sends[owner[t]].push_back(t),
-                Direction::Recv => recvs[owner[t]].push_back(t),
-            }
-        }
-        // Sends left in flight by an earlier, failed step belong to no transfer of this one.
-        for qp in &mut self.qps {
-            for slot in &mut qp.slots {
-                if let Slot::Busy(owner) = slot {
-                    *owner = None;
-                }
-            }
+            self.qps[owner[t]].queue.push(t, transfer.direction());
         }
         let mut wcs: Vec<Completion> = Vec::new();
         while remaining > 0 {
             let mut progressed = false;
-            for (q, qp) in self.qps.iter_mut().enumerate() {
-                let busy = qp.slots.iter().any(|s| *s != Slot::Free);
-                if sends[q].is_empty() && recvs[q].is_empty() && !busy {
+            for qp in self.qps.iter_mut() {
+                if qp.queue.is_idle() {
                     continue;
                 }
                 // Post the sends in order while a frame is free.
-                while let Some(&t) = sends[q].front() {
-                    let Some(slot) = qp.slots.iter().position(|s| *s == Slot::Free) else {
-                        break;
-                    };
+                while let Some((slot, t)) = qp.queue.next_send() {
                     let data: &[u8] = match &step[t] {
                         Transfer::Send { data, .. } => data,
                         Transfer::Recv { .. } => &[],
@@ -250,122 +248,83 @@ impl Fabric for RdmaFabric {
                             FailureKind::Transport(format!("{}: {e}", qp.what)),
                         )
                     })?;
-                    qp.slots[slot] = Slot::Busy(Some(t));
-                    sends[q].pop_front();
+                    qp.queue.posted(slot, t);
                     progressed = true;
                 }
                 // Take the completions.
-                qp.poll(&mut wcs).map_err(|e| {
-                    let t = recvs[q].front().or(sends[q].front()).copied();
-                    match t {
-                        Some(t) => failure(
-                            step,
-                            t,
-                            &done,
-                            FailureKind::Transport(format!("{}: {e}", qp.what)),
-                        ),
-                        None => FabricError {
-                            channel: qp.channel,
-                            direction: Direction::Send,
-                            done: 0,
-                            total: 0,
-                            kind: FailureKind::Transport(format!("{}: {e}", qp.what)),
-                        },
-                    }
-                })?;
+                if let Err(e) = qp.poll(&mut wcs) {
+                    let kind = FailureKind::Transport(format!("{}: {e}", qp.what));
+                    return Err(match qp.queue.waiting() {
+                        Some(t) => failure(step, t, &done, kind),
+                        None => queue_pair_failure(qp.channel, Direction::Send, kind),
+                    });
+                }
                 for wc in &wcs {
                     progressed = true;
-                    let id = wc.id;
-                    let index = (id & 0xffff_ffff) as usize;
-                    match id >> 32 {
-                        WR_SEND if index < IN_FLIGHT => {
-                            let owner = match qp.slots[index] {
-                                Slot::Busy(owner) => owner,
-                                Slot::Free => None,
-                            };
-                            qp.slots[index] = Slot::Free;
-                            if let Some((status, vendor)) = wc.error {
-                                let kind = FailureKind::Completion(format!(
-                                    "{} (vendor error {vendor:#x}) on {}",
-                                    status_name(status),
-                                    qp.what
-                                ));
-                                return Err(match owner {
-                                    Some(t) => failure(step, t, &done, kind),
-                                    None => FabricError {
-                                        channel: qp.channel,
-                                        direction: Direction::Send,
-                                        done: 0,
-                                        total: 0,
-                                        kind,
-                                    },
-                                });
-                            }
-                            if let Some(t) = owner {
-                                done[t] = true;
-                                remaining -= 1;
-                            }
+                    match qp.queue.on_completion(wc) {
+                        Completed::Sent(Some(t)) => {
+                            done[t] = true;
+                            remaining -= 1;
                         }
-                        WR_RECV if index < RECV_AHEAD => {
-                            qp.arrived.push_back(Arrival {
-                                frame: index,
-                                error: wc.error,
-                                len: wc.len,
-                                seq: wc.seq,
+                        Completed::Sent(None) => {}
+                        Completed::SendFailed {
+                            owner,
+                            status: (status, vendor),
+                        } => {
+                            let kind = FailureKind::Completion(format!(
+                                "{} (vendor error {vendor:#x}) on {}",
+                                status_name(status),
+                                qp.what
+                            ));
+                            return Err(match owner {
+                                Some(t) => failure(step, t, &done, kind),
+                                None => queue_pair_failure(qp.channel, Direction::Send, kind),
                             });
-                            if wc.error.is_none()
-                                && let Some(heard) = self.heard.get_mut(qp.channel.peer)
-                            {
-                                *heard = Some(self.start.elapsed());
+                        }
+                        Completed::Arrived { heard } => {
+                            if heard && let Some(last) = self.heard.get_mut(qp.channel.peer) {
+                                *last = Some(self.start.elapsed());
                             }
                         }
-                        _ => {
+                        Completed::Unknown(id) => {
                             let kind = FailureKind::Transport(format!(
                                 "{}: a work completion with an unknown id {id:#x}",
                                 qp.what
                             ));
-                            return Err(FabricError {
-                                channel: qp.channel,
-                                direction: Direction::Recv,
-                                done: 0,
-                                total: 0,
-                                kind,
-                            });
+                            return Err(queue_pair_failure(qp.channel, Direction::Recv, kind));
                         }
                     }
                 }
                 // Hand arrived messages to the receives, in order.
-                while let (Some(&t), Some(&arrival)) = (recvs[q].front(), qp.arrived.front()) {
-                    qp.arrived.pop_front();
-                    recvs[q].pop_front();
+                while let Some(delivery) = qp.queue.next_delivery(|t| step[t].len()) {
                     progressed = true;
-                    if let Some((status, vendor)) = arrival.error {
-                        let kind = FailureKind::Completion(format!(
-                            "{} (vendor error {vendor:#x}) on {}",
-                            status_name(status),
-                            qp.what
-                        ));
-                        return Err(failure(step, t, &done, kind));
-                    }
-                    if let Err((expected, got)) = qp.take_in_order(arrival.seq) {
-                        let kind = FailureKind::Lost {
-                            expected: u64::from(expected),
-                            got: u64::from(got),
-                        };
-                        return Err(failure(step, t, &done, kind));
-                    }
-                    let want = step[t].len();
-                    if arrival.len != want {
-                        let kind = FailureKind::MessageSize {
-                            want,
-                            got: arrival.len,
-                        };
-                        return Err(failure(step, t, &done, kind));
-                    }
+                    let t = delivery.transfer;
+                    let len = match delivery.outcome {
+                        Ok(len) => len,
+                        Err(Undeliverable::Completion(status, vendor)) => {
+                            let kind = FailureKind::Completion(format!(
+                                "{} (vendor error {vendor:#x}) on {}",
+                                status_name(status),
+                                qp.what
+                            ));
+                            return Err(failure(step, t, &done, kind));
+                        }
+                        Err(Undeliverable::Lost { expected, got }) => {
+                            let kind = FailureKind::Lost {
+                                expected: u64::from(expected),
+                                got: u64::from(got),
+                            };
+                            return Err(failure(step, t, &done, kind));
+                        }
+                        Err(Undeliverable::Size { want, got }) => {
+                            let kind = FailureKind::MessageSize { want, got };
+                            return Err(failure(step, t, &done, kind));
+                        }
+                    };
                     if let Transfer::Recv { landing, .. } = &mut step[t] {
-                        landing.deliver(0, qp.received(arrival.frame, want));
+                        landing.deliver(0, qp.received(delivery.frame, len));
                     }
-                    qp.post_recv(arrival.frame).map_err(|e| {
+                    qp.post_recv(delivery.frame).map_err(|e| {
                         failure(
                             step,
                             t,

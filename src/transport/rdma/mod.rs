@@ -6,6 +6,8 @@
 //!   `libibverbs.so.1` on Linux, or `NUVEC_JACCL_VERBS`), with a typed table of exactly the
 //!   functions used; [`Unavailable`] says why the fabric cannot run here.
 //! - [`queue_pair`]: one queue pair and what it owns; its bring-up and data-path calls.
+//! - [`queue`]: a queue pair's bookkeeping during a step, without a verbs call (which frame
+//!   carries which transfer, which message goes to which receive, what a completion means).
 //! - [`fabric`]: [`RdmaFabric`], the queue pairs of one rank, and its step loop.
 //! - [`memory`]: the page-aligned memory of registered frames.
 //!
@@ -24,6 +26,7 @@
 
 mod fabric;
 mod memory;
+mod queue;
 mod queue_pair;
 mod verbs;
 

@@ -1,7 +1,6 @@
 //! One UC queue pair and everything it owns, brought up as MLX does (reference §3.4), and its
 //! data-path calls: post a send, post a receive, poll completions.
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
@@ -9,6 +8,7 @@ use std::ptr;
 use nuvec_verbs_abi as abi;
 
 use super::memory::Region;
+use super::queue::{Completion, Queue, recv_id, send_id};
 use super::verbs::{DeviceList, Verbs, no_device_hint};
 use super::{IN_FLIGHT, MAX_FRAME, RECV_AHEAD};
 use crate::fabric::Channel;
@@ -33,10 +33,6 @@ const HOP_LIMIT: u8 = 1;
 
 /// Work completions taken per poll.
 const POLL_BATCH: usize = 16;
-
-/// The kinds of work request, in the upper half of a work request id.
-pub(crate) const WR_SEND: u64 = 1;
-pub(crate) const WR_RECV: u64 = 2;
 
 /// Whether `gid` is IPv4-mapped (`::ffff:a.b.c.d`): bytes 0–9 zero, bytes 10–11 `0xff`.
 pub(crate) fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
@@ -88,27 +84,6 @@ pub(crate) struct Frame {
     lkey: u32,
 }
 
-/// The state of a send frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Slot {
-    /// Not in flight.
-    Free,
-    /// Posted; the transfer of the current step it carries, if any (a send left in flight by
-    /// a failed step has none).
-    Busy(Option<usize>),
-}
-
-/// A receive that completed and waits for a [`Transfer::Recv`] to take it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Arrival {
-    pub(crate) frame: usize,
-    /// `None` on success, else the status and the vendor error.
-    pub(crate) error: Option<(abi::ibv_wc_status, u32)>,
-    pub(crate) len: usize,
-    /// The message's sequence number, when the sender numbered it.
-    pub(crate) seq: Option<u32>,
-}
-
 /// The data-path entries of a device context's operation table (the inline `ibv_post_send`,
 /// `ibv_post_recv` and `ibv_poll_cq` of `verbs.h` call through them).
 #[derive(Clone, Copy)]
@@ -118,23 +93,13 @@ struct Ops {
     poll_cq: abi::PollCq,
 }
 
-/// What a work completion says: its id, and its status when it is not a success.
-pub(crate) struct Completion {
-    pub(crate) id: u64,
-    pub(crate) error: Option<(abi::ibv_wc_status, u32)>,
-    pub(crate) len: usize,
-    /// The immediate data of a received message: the sender's sequence number.
-    pub(crate) seq: Option<u32>,
-}
-
-impl Completion {
-    fn of(wc: &abi::ibv_wc) -> Completion {
-        Completion {
-            id: wc.wr_id,
-            error: (wc.status != abi::IBV_WC_SUCCESS).then_some((wc.status, wc.vendor_err)),
-            len: wc.byte_len as usize,
-            seq: (wc.wc_flags & abi::IBV_WC_WITH_IMM != 0).then(|| u32::from_be(wc.imm_data)),
-        }
+/// What a work completion says, for the queue's bookkeeping.
+fn completion_of(wc: &abi::ibv_wc) -> Completion {
+    Completion {
+        id: wc.wr_id,
+        error: (wc.status != abi::IBV_WC_SUCCESS).then_some((wc.status, wc.vendor_err)),
+        len: wc.byte_len as usize,
+        seq: (wc.wc_flags & abi::IBV_WC_WITH_IMM != 0).then(|| u32::from_be(wc.imm_data)),
     }
 }
 /// One queue pair with everything it owns: the device context, protection domain, completion
@@ -151,9 +116,7 @@ pub(crate) struct Qp {
     qp: *mut abi::ibv_qp,
     ops: Option<Ops>,
     send: Vec<Frame>,
-    pub(crate) slots: [Slot; IN_FLIGHT],
     recv: Vec<Frame>,
-    pub(crate) arrived: VecDeque<Arrival>,
     /// This queue pair's details for the peer.
     pub(crate) local: Local,
     /// Whether sends carry their sequence number as immediate data (until the provider
@@ -161,30 +124,8 @@ pub(crate) struct Qp {
     numbered: bool,
     /// Messages posted so far, wrapping: the next send's sequence number.
     sent: u32,
-    /// The sequence numbers of received messages.
-    inbound: InOrder,
-}
-
-/// The sequence numbers a queue pair's received messages must carry: 0, 1, 2 … wrapping at
-/// 2³², one per message, so that a lost message is noticed when the next one arrives in its
-/// place (UC delivers it to the next posted receive without a word).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct InOrder {
-    expected: u32,
-}
-
-impl InOrder {
-    /// Counts one received message that carried `seq`: `Err((expected, got))` when it is not
-    /// the one due. A message without a number (from a peer that does not number, as MLX's
-    /// C++) is taken as it comes.
-    pub(crate) fn take(&mut self, seq: Option<u32>) -> Result<(), (u32, u32)> {
-        let expected = self.expected;
-        self.expected = expected.wrapping_add(1);
-        match seq {
-            Some(got) if got != expected => Err((expected, got)),
-            _ => Ok(()),
-        }
-    }
+    /// The step bookkeeping of its frames and messages.
+    pub(crate) queue: Queue,
 }
 
 // SAFETY: the verbs objects behind the pointers are not tied to the thread that created them
@@ -247,13 +188,11 @@ impl Qp {
             qp: ptr::null_mut(),
             ops: None,
             send: Vec::new(),
-            slots: [Slot::Free; IN_FLIGHT],
             recv: Vec::new(),
-            arrived: VecDeque::new(),
             local: Local::default(),
             numbered: true,
             sent: 0,
-            inbound: InOrder::default(),
+            queue: Queue::default(),
         };
         qp.ctx = open_device(verbs, device)?;
         qp.ops = Some(qp.read_ops()?);
@@ -483,7 +422,7 @@ impl Qp {
             lkey: f.lkey,
         };
         let mut wr = abi::ibv_recv_wr {
-            wr_id: WR_RECV << 32 | frame as u64,
+            wr_id: recv_id(frame),
             next: ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: 1,
@@ -500,11 +439,6 @@ impl Qp {
             ));
         }
         Ok(())
-    }
-
-    /// Counts a received message carrying `seq` ([`InOrder::take`]).
-    pub(crate) fn take_in_order(&mut self, seq: Option<u32>) -> Result<(), (u32, u32)> {
-        self.inbound.take(seq)
     }
 
     /// Stages `data` into free send slot `slot` and posts it as one signaled SEND carrying
@@ -526,7 +460,7 @@ impl Qp {
                 (abi::IBV_WR_SEND, 0)
             };
             let mut wr = abi::ibv_send_wr {
-                wr_id: WR_SEND << 32 | slot as u64,
+                wr_id: send_id(slot),
                 next: ptr::null_mut(),
                 sg_list: &mut sge,
                 num_sge: 1,
@@ -573,7 +507,7 @@ impl Qp {
             .filter(|n| *n <= POLL_BATCH)
             .ok_or_else(|| format!("ibv_poll_cq failed (returned {n})"))?;
         out.clear();
-        out.extend(wcs[..n].iter().map(Completion::of));
+        out.extend(wcs[..n].iter().map(completion_of));
         Ok(())
     }
 }
@@ -650,26 +584,6 @@ mod tests {
         let mut half = gid;
         half[11] = 0;
         assert!(!is_ipv4_mapped(&half));
-    }
-
-    #[test]
-    fn a_message_that_skips_a_number_says_which_was_lost() {
-        let mut order = InOrder::default();
-        assert_eq!(order.take(Some(0)), Ok(()));
-        assert_eq!(order.take(Some(1)), Ok(()));
-        assert_eq!(order.take(Some(3)), Err((2, 3)));
-        // Unnumbered messages are counted but not checked.
-        let mut order = InOrder::default();
-        assert_eq!(order.take(None), Ok(()));
-        assert_eq!(order.take(Some(1)), Ok(()));
-        assert_eq!(order.take(Some(1)), Err((2, 1)));
-    }
-
-    #[test]
-    fn sequence_numbers_wrap_around() {
-        let mut order = InOrder { expected: u32::MAX };
-        assert_eq!(order.take(Some(u32::MAX)), Ok(()));
-        assert_eq!(order.take(Some(0)), Ok(()));
     }
 
     #[test]
