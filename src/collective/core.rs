@@ -161,6 +161,11 @@ pub(crate) struct Core<F, S> {
 
 impl<F: Fabric, S> Core<F, S> {
     /// The core of `rank` over `fabric`, with `scratch` for its algorithms.
+    /// This rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
     pub(crate) fn new(rank: usize, fabric: F, scratch: S, timeout: Duration) -> Self {
         let core = Self {
             rank,

@@ -1,6 +1,8 @@
 //! What both backends' communicators share, above the fabric and below the algorithms: the
-//! communicator [`core`] (lock, deadline, sequence numbers, sticky failure, diagnosis) and the
+//! communicator [`core`] (lock, deadline, sequence numbers, sticky failure, diagnosis), the
+//! argument [`checks`] and the `Communicator` forwarders of both communicators, and the
 //! element-wise [`reduce`]tions of every dtype MLX reduces.
 
+pub(crate) mod checks;
 pub(crate) mod core;
 pub mod reduce;

@@ -1,4 +1,4 @@
-//! JACCL as a `nuvec_core` [`Communicator`]: the mesh or ring algorithms over any message
+//! JACCL as a `nuvec_core` [`Communicator`](nuvec_core::distributed::Communicator): the mesh or ring algorithms over any message
 //! fabric (RDMA queue pairs, the simulator's UC channels) or stream fabric (TCP, one
 //! connection per cable), with the same guarantees as the ring's communicator: arguments
 //! checked before any byte moves, one deadline per operation, sequence numbers, a sticky
@@ -13,12 +13,12 @@
 use std::time::Duration;
 
 use nuvec_core::DType;
-use nuvec_core::distributed::{AllReduce, Communicator};
 
 use super::frames::FrameRule;
 use super::mesh::{self, MeshTopology};
 use super::ring;
 use super::wire::Scratch;
+use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
 use crate::config::log::Log;
@@ -131,36 +131,11 @@ impl<F: Fabric> JacclCommunicator<F> {
         self.rule
     }
 
-    /// The deadline of every operation.
-    pub fn timeout(&self) -> Duration {
-        self.core.timeout()
-    }
+    lifecycle_of_core!();
 
-    /// Changes the deadline of the operations that start from now on (an operation in
-    /// progress keeps its own): set a longer one before a slow operation and restore it after.
-    pub fn set_timeout(&self, timeout: Duration) {
-        self.core.set_timeout(timeout);
-    }
-
-    /// The first failure of this group, if it has failed.
-    pub fn failure(&self) -> Option<Error> {
-        self.core.failure()
-    }
-
-    /// After the group failed: one line per peer saying when it was last heard from and during
-    /// which operation (also printed at the `error` log level). Empty while it is healthy.
-    pub fn diagnosis(&self) -> Vec<String> {
-        self.core.diagnosis()
-    }
-
-    /// Which peers are unreachable, as far as the fabric can tell without sending anything.
-    pub fn health(&self) -> Vec<(usize, String)> {
-        self.core.health()
-    }
-
-    /// Releases the fabric; later calls fail with [`Error::Closed`].
-    pub fn close(&self) -> Option<F> {
-        self.core.close()
+    /// The number of ranks.
+    fn size(&self) -> usize {
+        self.layout.size()
     }
 
     fn invalid(&self, op: &'static str, what: String) -> Error {
@@ -183,28 +158,19 @@ impl<F: Fabric> JacclCommunicator<F> {
         dtype: DType,
         len: usize,
     ) -> Result<Reducer, Error> {
-        let reducer = Reducer::jaccl(op, dtype).map_err(|e| self.invalid(name, e.to_string()))?;
-        if !len.is_multiple_of(reducer.element_size()) {
-            return Err(self.invalid(
-                name,
-                format!("{len} bytes is not a whole number of {dtype} elements"),
-            ));
-        }
-        Ok(reducer)
+        checks::reducer(name, op, dtype, len, Reducer::jaccl, |op, what| {
+            self.invalid(op, what)
+        })
     }
 
-    /// [`Communicator::all_reduce`] with this crate's error.
+    /// [`Communicator::all_reduce`](nuvec_core::distributed::Communicator::all_reduce) with this crate's error.
     pub fn try_all_reduce(
         &self,
         op: Reduction,
         dtype: DType,
         data: &mut [u8],
     ) -> Result<(), Error> {
-        let name = match op {
-            Reduction::Sum => "all_sum",
-            Reduction::Max => "all_max",
-            Reduction::Min => "all_min",
-        };
+        let name = op.collective();
         let reducer = self.reducer(name, op, dtype, data.len())?;
         let rule = self.rule;
         self.operate(name, data.len(), |fabric, scratch, deadline| {
@@ -217,19 +183,16 @@ impl<F: Fabric> JacclCommunicator<F> {
         })
     }
 
-    /// [`Communicator::all_gather`] with this crate's error.
+    /// [`Communicator::all_gather`](nuvec_core::distributed::Communicator::all_gather) with this crate's error.
     pub fn try_all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        let size = self.layout.size();
-        if output.len() != input.len() * size {
-            return Err(self.invalid(
-                "all_gather",
-                format!(
-                    "the output has {} bytes, not {} × {size} ranks",
-                    output.len(),
-                    input.len()
-                ),
-            ));
-        }
+        checks::one_part_per_rank(
+            "all_gather",
+            "the output",
+            output.len(),
+            input.len(),
+            self.layout.size(),
+            |op, what| self.invalid(op, what),
+        )?;
         let rule = self.rule;
         self.operate(
             "all_gather",
@@ -255,17 +218,14 @@ impl<F: Fabric> JacclCommunicator<F> {
     ) -> Result<(), Error> {
         let name = "sum_scatter";
         let reducer = self.reducer(name, op, dtype, output.len())?;
-        let size = self.layout.size();
-        if input.len() != output.len() * size {
-            return Err(self.invalid(
-                name,
-                format!(
-                    "the input has {} bytes, not {} × {size} ranks",
-                    input.len(),
-                    output.len()
-                ),
-            ));
-        }
+        checks::one_part_per_rank(
+            name,
+            "the input",
+            input.len(),
+            output.len(),
+            self.layout.size(),
+            |op, what| self.invalid(op, what),
+        )?;
         let Layout::Mesh(m) = self.layout else {
             return Err(self.invalid(
                 name,
@@ -299,7 +259,7 @@ impl<F: Fabric> JacclCommunicator<F> {
         Err(self.invalid(op, what))
     }
 
-    /// [`Communicator::send`] with this crate's error.
+    /// [`Communicator::send`](nuvec_core::distributed::Communicator::send) with this crate's error.
     pub fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), Error> {
         self.check_peer("send", dst, false)?;
         let rule = self.rule;
@@ -313,7 +273,7 @@ impl<F: Fabric> JacclCommunicator<F> {
         )
     }
 
-    /// [`Communicator::recv`] with this crate's error.
+    /// [`Communicator::recv`](nuvec_core::distributed::Communicator::recv) with this crate's error.
     pub fn try_recv(&self, src: usize, data: &mut [u8]) -> Result<(), Error> {
         self.check_peer("recv", src, true)?;
         let rule = self.rule;
@@ -326,29 +286,4 @@ impl<F: Fabric> JacclCommunicator<F> {
     }
 }
 
-impl<F: Fabric + Send> Communicator for JacclCommunicator<F> {
-    fn rank(&self) -> usize {
-        self.layout.rank()
-    }
-
-    fn size(&self) -> usize {
-        self.layout.size()
-    }
-
-    fn all_reduce(&self, op: AllReduce, dtype: DType, data: &mut [u8]) -> nuvec_core::Result<()> {
-        let op = Reduction::try_from(op).map_err(|e| self.invalid("all_reduce", e.to_string()))?;
-        Ok(self.try_all_reduce(op, dtype, data)?)
-    }
-
-    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> nuvec_core::Result<()> {
-        Ok(self.try_all_gather(input, output)?)
-    }
-
-    fn send(&self, dst: usize, data: &[u8]) -> nuvec_core::Result<()> {
-        Ok(self.try_send(dst, data)?)
-    }
-
-    fn recv(&self, src: usize, data: &mut [u8]) -> nuvec_core::Result<()> {
-        Ok(self.try_recv(src, data)?)
-    }
-}
+communicator_over_try!(JacclCommunicator);

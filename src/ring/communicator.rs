@@ -1,13 +1,13 @@
-//! The ring as a `nuvec_core` [`Communicator`]: MLX's ring algorithms over the communicator
+//! The ring as a `nuvec_core` [`Communicator`](nuvec_core::distributed::Communicator): MLX's ring algorithms over the communicator
 //! core ([`Core`]): argument checks before any byte moves, one deadline per operation,
 //! sequence numbers, and a sticky failure.
 
 use std::time::Duration;
 
 use nuvec_core::DType;
-use nuvec_core::distributed::{AllReduce, Communicator};
 
 use super::{RingTopology, algorithm, schedule};
+use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
 use crate::config::log::Log;
@@ -74,39 +74,11 @@ impl<F: Fabric> RingCommunicator<F> {
         self.ring
     }
 
-    /// The deadline of every operation.
-    pub fn timeout(&self) -> Duration {
-        self.core.timeout()
-    }
+    lifecycle_of_core!();
 
-    /// Changes the deadline of the operations that start from now on (an operation in
-    /// progress keeps its own): set a longer one before a slow operation and restore it after.
-    pub fn set_timeout(&self, timeout: Duration) {
-        self.core.set_timeout(timeout);
-    }
-
-    /// The first failure of this group, if it has failed.
-    pub fn failure(&self) -> Option<Error> {
-        self.core.failure()
-    }
-
-    /// After the group failed: one line per peer saying when it was last heard from and during
-    /// which operation, e.g. `rank 2: last heard 29.871s ago, during all_sum #14` (also
-    /// printed at the `error` log level). Empty while the group is healthy.
-    pub fn diagnosis(&self) -> Vec<String> {
-        self.core.diagnosis()
-    }
-
-    /// Which peers are unreachable, checked without running a collective (it waits for an
-    /// operation in progress, never interleaves with one): `(peer, what)` for each.
-    pub fn health(&self) -> Vec<(usize, String)> {
-        self.core.health()
-    }
-
-    /// Releases the fabric (and with it the connections); later calls fail with
-    /// [`Error::Closed`]. Returns the fabric if it was still there.
-    pub fn close(&self) -> Option<F> {
-        self.core.close()
+    /// The number of ranks.
+    fn size(&self) -> usize {
+        self.ring.size()
     }
 
     fn invalid(&self, op: &'static str, what: String) -> Error {
@@ -122,26 +94,18 @@ impl<F: Fabric> RingCommunicator<F> {
         self.core.operate(op, bytes, body)
     }
 
-    /// [`Communicator::all_reduce`] with this crate's error.
+    /// [`Communicator::all_reduce`](nuvec_core::distributed::Communicator::all_reduce) with this crate's error.
     pub fn try_all_reduce(
         &self,
         op: Reduction,
         dtype: DType,
         data: &mut [u8],
     ) -> Result<(), Error> {
-        let name = match op {
-            Reduction::Sum => "all_sum",
-            Reduction::Max => "all_max",
-            Reduction::Min => "all_min",
-        };
+        let name = op.collective();
         let len = data.len();
-        let reducer = Reducer::new(op, dtype).map_err(|e| self.invalid(name, e.to_string()))?;
-        if !len.is_multiple_of(reducer.element_size()) {
-            return Err(self.invalid(
-                name,
-                format!("{len} bytes is not a whole number of {dtype} elements"),
-            ));
-        }
+        let reducer = checks::reducer(name, op, dtype, len, Reducer::new, |op, what| {
+            self.invalid(op, what)
+        })?;
         self.operate(name, len, |fabric, scratch, deadline| {
             if self.ring.size() < 2 {
                 return Ok(());
@@ -150,19 +114,16 @@ impl<F: Fabric> RingCommunicator<F> {
         })
     }
 
-    /// [`Communicator::all_gather`] with this crate's error.
+    /// [`Communicator::all_gather`](nuvec_core::distributed::Communicator::all_gather) with this crate's error.
     pub fn try_all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
-        let size = self.ring.size();
-        if output.len() != input.len() * size {
-            return Err(self.invalid(
-                "all_gather",
-                format!(
-                    "the output has {} bytes, not {} × {size} ranks",
-                    output.len(),
-                    input.len()
-                ),
-            ));
-        }
+        checks::one_part_per_rank(
+            "all_gather",
+            "the output",
+            output.len(),
+            input.len(),
+            self.ring.size(),
+            |op, what| self.invalid(op, what),
+        )?;
         self.operate("all_gather", input.len(), |fabric, _, deadline| {
             algorithm::all_gather(fabric, &self.ring, input, output, deadline)
         })
@@ -188,7 +149,7 @@ impl<F: Fabric> RingCommunicator<F> {
         Ok(())
     }
 
-    /// [`Communicator::send`] with this crate's error.
+    /// [`Communicator::send`](nuvec_core::distributed::Communicator::send) with this crate's error.
     pub fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), Error> {
         self.check_peer("send", dst, true)?;
         self.operate("send", data.len(), |fabric, _, deadline| {
@@ -196,7 +157,7 @@ impl<F: Fabric> RingCommunicator<F> {
         })
     }
 
-    /// [`Communicator::recv`] with this crate's error.
+    /// [`Communicator::recv`](nuvec_core::distributed::Communicator::recv) with this crate's error.
     pub fn try_recv(&self, src: usize, data: &mut [u8]) -> Result<(), Error> {
         self.check_peer("recv", src, false)?;
         self.operate("recv", data.len(), |fabric, _, deadline| {
@@ -205,29 +166,4 @@ impl<F: Fabric> RingCommunicator<F> {
     }
 }
 
-impl<F: Fabric + Send> Communicator for RingCommunicator<F> {
-    fn rank(&self) -> usize {
-        self.ring.rank()
-    }
-
-    fn size(&self) -> usize {
-        self.ring.size()
-    }
-
-    fn all_reduce(&self, op: AllReduce, dtype: DType, data: &mut [u8]) -> nuvec_core::Result<()> {
-        let op = Reduction::try_from(op).map_err(|e| self.invalid("all_reduce", e.to_string()))?;
-        Ok(self.try_all_reduce(op, dtype, data)?)
-    }
-
-    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> nuvec_core::Result<()> {
-        Ok(self.try_all_gather(input, output)?)
-    }
-
-    fn send(&self, dst: usize, data: &[u8]) -> nuvec_core::Result<()> {
-        Ok(self.try_send(dst, data)?)
-    }
-
-    fn recv(&self, src: usize, data: &mut [u8]) -> nuvec_core::Result<()> {
-        Ok(self.try_recv(src, data)?)
-    }
-}
+communicator_over_try!(RingCommunicator);

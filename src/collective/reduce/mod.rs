@@ -106,6 +106,15 @@ impl Reduction {
             Self::Min => "min",
         }
     }
+
+    /// The collective that applies it: `all_sum`, `all_max` or `all_min`.
+    pub fn collective(self) -> &'static str {
+        match self {
+            Self::Sum => "all_sum",
+            Self::Max => "all_max",
+            Self::Min => "all_min",
+        }
+    }
 }
 
 impl TryFrom<AllReduce> for Reduction {

@@ -1,0 +1,135 @@
+//! The argument checks of every collective, in one place for both backends: found before a
+//! byte moves, they return `Error::InvalidArgument` naming the rank and the operation and
+//! leave the group usable.
+
+use nuvec_core::DType;
+
+use super::reduce::{Reducer, Reduction, UnsupportedReduction};
+use crate::error::Error;
+
+/// The reducer of `op` over `dtype` that `flavour` builds (the ring's [`Reducer::new`] or
+/// JACCL's [`Reducer::jaccl`]) for a buffer of `len` bytes; `invalid` makes the error of
+/// operation `name`.
+pub(crate) fn reducer(
+    name: &'static str,
+    op: Reduction,
+    dtype: DType,
+    len: usize,
+    flavour: fn(Reduction, DType) -> Result<Reducer, UnsupportedReduction>,
+    invalid: impl Fn(&'static str, String) -> Error,
+) -> Result<Reducer, Error> {
+    let reducer = flavour(op, dtype).map_err(|e| invalid(name, e.to_string()))?;
+    if !len.is_multiple_of(reducer.element_size()) {
+        return Err(invalid(
+            name,
+            format!("{len} bytes is not a whole number of {dtype} elements"),
+        ));
+    }
+    Ok(reducer)
+}
+
+/// That `whole` is `part` bytes from each of `size` ranks (`what` names `whole`: "the
+/// output" of an all-gather, "the input" of a sum-scatter).
+pub(crate) fn one_part_per_rank(
+    name: &'static str,
+    what: &str,
+    whole: usize,
+    part: usize,
+    size: usize,
+    invalid: impl Fn(&'static str, String) -> Error,
+) -> Result<(), Error> {
+    if whole != part * size {
+        return Err(invalid(
+            name,
+            format!("{what} has {whole} bytes, not {part} × {size} ranks"),
+        ));
+    }
+    Ok(())
+}
+
+/// The `nuvec_core` [`Communicator`](nuvec_core::distributed::Communicator) of a
+/// communicator type whose `try_*` methods do the work: the same six forwarders for both
+/// backends, turning a `nuvec_core` reduction into this crate's and this crate's error into
+/// `nuvec_core`'s.
+macro_rules! communicator_over_try {
+    ($ty:ident) => {
+        impl<F: $crate::fabric::Fabric + Send> nuvec_core::distributed::Communicator for $ty<F> {
+            fn rank(&self) -> usize {
+                self.core.rank()
+            }
+
+            fn size(&self) -> usize {
+                self.size()
+            }
+
+            fn all_reduce(
+                &self,
+                op: nuvec_core::distributed::AllReduce,
+                dtype: nuvec_core::DType,
+                data: &mut [u8],
+            ) -> nuvec_core::Result<()> {
+                let op = $crate::collective::reduce::Reduction::try_from(op)
+                    .map_err(|e| self.core.invalid("all_reduce", e.to_string()))?;
+                Ok(self.try_all_reduce(op, dtype, data)?)
+            }
+
+            fn all_gather(&self, input: &[u8], output: &mut [u8]) -> nuvec_core::Result<()> {
+                Ok(self.try_all_gather(input, output)?)
+            }
+
+            fn send(&self, dst: usize, data: &[u8]) -> nuvec_core::Result<()> {
+                Ok(self.try_send(dst, data)?)
+            }
+
+            fn recv(&self, src: usize, data: &mut [u8]) -> nuvec_core::Result<()> {
+                Ok(self.try_recv(src, data)?)
+            }
+        }
+    };
+}
+pub(crate) use communicator_over_try;
+
+/// The lifecycle methods both communicators offer, forwarded to their [`Core`] field `core`:
+/// `timeout`, `set_timeout`, `failure`, `diagnosis`, `health`, `close`.
+///
+/// [`Core`]: super::core::Core
+macro_rules! lifecycle_of_core {
+    () => {
+        /// The deadline of every operation.
+        pub fn timeout(&self) -> std::time::Duration {
+            self.core.timeout()
+        }
+
+        /// Changes the deadline of the operations that start from now on (an operation in
+        /// progress keeps its own): set a longer one before a slow operation and restore it
+        /// after.
+        pub fn set_timeout(&self, timeout: std::time::Duration) {
+            self.core.set_timeout(timeout);
+        }
+
+        /// The first failure of this group, if it has failed.
+        pub fn failure(&self) -> Option<$crate::error::Error> {
+            self.core.failure()
+        }
+
+        /// After the group failed: one line per peer saying when it was last heard from and
+        /// during which operation, e.g. `rank 2: last heard 29.871s ago, during all_sum #14`
+        /// (also printed at the `error` log level). Empty while the group is healthy.
+        pub fn diagnosis(&self) -> Vec<String> {
+            self.core.diagnosis()
+        }
+
+        /// Which peers are unreachable, checked without running a collective (it waits for an
+        /// operation in progress, never interleaves with one): `(peer, what)` for each.
+        pub fn health(&self) -> Vec<(usize, String)> {
+            self.core.health()
+        }
+
+        /// Releases the fabric (and with it the connections); later calls fail with
+        /// [`Error::Closed`](crate::Error::Closed). Returns the fabric if it was still there.
+        pub fn close(&self) -> Option<F> {
+            self.core.close()
+        }
+    };
+}
+pub(crate) use lifecycle_of_core;
