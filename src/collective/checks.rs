@@ -90,11 +90,29 @@ macro_rules! communicator_over_try {
 pub(crate) use communicator_over_try;
 
 /// The lifecycle methods both communicators offer, forwarded to their [`Core`] field `core`:
-/// `timeout`, `set_timeout`, `failure`, `diagnosis`, `health`, `close`.
+/// `timeout`, `set_timeout`, `failure`, `diagnosis`, `health`, `close`; and the two private
+/// ones their operations use, `invalid` and `operate` (whose scratch is `$scratch`).
 ///
 /// [`Core`]: super::core::Core
 macro_rules! lifecycle_of_core {
-    () => {
+    ($scratch:ty) => {
+        fn invalid(&self, op: &'static str, what: String) -> $crate::error::Error {
+            self.core.invalid(op, what)
+        }
+
+        fn operate(
+            &self,
+            op: &'static str,
+            bytes: usize,
+            body: impl FnOnce(
+                &mut F,
+                &mut $scratch,
+                std::time::Duration,
+            ) -> Result<(), $crate::fabric::FabricError>,
+        ) -> Result<(), $crate::error::Error> {
+            self.core.operate(op, bytes, body)
+        }
+
         /// The deadline of every operation.
         pub fn timeout(&self) -> std::time::Duration {
             self.core.timeout()

@@ -277,12 +277,19 @@ impl<'a> Env<'a> {
 
 /// `MLX_RANK` as a non-negative decimal integer.
 fn parse_rank(raw: &OsStr) -> Result<usize, Error> {
+    rank_of(MLX_RANK, raw).map_err(Error::Config)
+}
+
+/// The rank that variable `var` gives as `raw`: a non-negative decimal integer; else the
+/// message that says what is wrong with it (the ring's `MLX_RANK` and JACCL's `JACCL_RANK` /
+/// `MLX_RANK` are read by this one rule).
+pub(crate) fn rank_of(var: &str, raw: &OsStr) -> Result<usize, String> {
     let Some(v) = raw.to_str() else {
-        return Err(Error::Config(format!(
-            "{MLX_RANK}={raw:?} is not valid UTF-8; it must be a non-negative integer"
-        )));
+        return Err(format!(
+            "{var}={raw:?} is not valid UTF-8; it must be a non-negative integer"
+        ));
     };
-    let bad = |what: &str| Error::Config(format!("{MLX_RANK}={v:?} {what}"));
+    let bad = |what: &str| format!("{var}={v:?} {what}");
     if v.is_empty() {
         return Err(bad(
             "is empty; it must be a non-negative integer (the rank, from 0)",

@@ -53,7 +53,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Vec<String>>, Error> {
         return Err(config(format!(
             "hostfile {origin}: expected a JSON list with one entry per rank, each a list of \
              \"host:port\" strings, found {}",
-            kind(&value)
+            json_kind(&value)
         )));
     };
     if ranks.is_empty() {
@@ -68,7 +68,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Vec<String>>, Error> {
             return Err(config(format!(
                 "hostfile {origin}: rank {rank}: expected a list of \"host:port\" strings, \
                  found {}",
-                kind(entry)
+                json_kind(entry)
             )));
         };
         if addresses.is_empty() {
@@ -83,7 +83,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Vec<String>>, Error> {
                 return Err(config(format!(
                     "hostfile {origin}: rank {rank}, address {index}: expected a \"host:port\" \
                      string, found {}",
-                    kind(address)
+                    json_kind(address)
                 )));
             };
             if let Err(what) = split(address) {
@@ -188,8 +188,8 @@ fn config(what: String) -> Error {
     Error::Config(what)
 }
 
-/// What kind of JSON value `v` is, for messages.
-fn kind(v: &Value) -> &'static str {
+/// What kind of JSON value `v` is, for messages ("a list", "null" …).
+pub(crate) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -131,24 +131,11 @@ impl<F: Fabric> JacclCommunicator<F> {
         self.rule
     }
 
-    lifecycle_of_core!();
+    lifecycle_of_core!(Scratch);
 
     /// The number of ranks.
     fn size(&self) -> usize {
         self.layout.size()
-    }
-
-    fn invalid(&self, op: &'static str, what: String) -> Error {
-        self.core.invalid(op, what)
-    }
-
-    fn operate(
-        &self,
-        op: &'static str,
-        bytes: usize,
-        body: impl FnOnce(&mut F, &mut Scratch, Duration) -> Result<(), crate::fabric::FabricError>,
-    ) -> Result<(), Error> {
-        self.core.operate(op, bytes, body)
     }
 
     fn reducer(

@@ -565,30 +565,9 @@ fn check_address(addr: &str) -> Result<(), String> {
         })
 }
 
-/// A rank from `var`: a non-negative decimal integer.
+/// A rank from `var`: a non-negative decimal integer (the crate's one rule).
 fn parse_rank(var: &str, raw: &OsString) -> Result<usize, Error> {
-    let Some(v) = raw.to_str() else {
-        return Err(config(format!(
-            "{var}={raw:?} is not valid UTF-8; it must be a non-negative integer"
-        )));
-    };
-    let bad = |what: &str| config(format!("{var}={v:?} {what}"));
-    if v.is_empty() {
-        return Err(bad(
-            "is empty; it must be a non-negative integer (the rank, from 0)",
-        ));
-    }
-    if let Some(rest) = v.strip_prefix('-')
-        && !rest.is_empty()
-        && rest.bytes().all(|b| b.is_ascii_digit())
-    {
-        return Err(bad("is negative; ranks count from 0"));
-    }
-    if !v.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad("is not a non-negative integer (the rank, from 0)"));
-    }
-    v.parse::<usize>()
-        .map_err(|_| bad("is too large for a rank"))
+    crate::config::env::rank_of(var, raw).map_err(config)
 }
 
 /// A configuration error; every JACCL message starts with `jaccl:`.
@@ -602,14 +581,7 @@ fn plural(n: usize) -> &'static str {
 
 /// What kind of JSON value `v` is, for messages.
 fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
+    crate::config::hostfile::json_kind(v)
 }
 
 #[cfg(test)]

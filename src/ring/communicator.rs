@@ -12,7 +12,7 @@ use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
 use crate::config::log::Log;
 use crate::error::Error;
-use crate::fabric::{Fabric, FabricError};
+use crate::fabric::Fabric;
 
 /// MLX's ring over a fabric, as a `nuvec_core` communicator.
 ///
@@ -74,24 +74,11 @@ impl<F: Fabric> RingCommunicator<F> {
         self.ring
     }
 
-    lifecycle_of_core!();
+    lifecycle_of_core!(Vec<u8>);
 
     /// The number of ranks.
     fn size(&self) -> usize {
         self.ring.size()
-    }
-
-    fn invalid(&self, op: &'static str, what: String) -> Error {
-        self.core.invalid(op, what)
-    }
-
-    fn operate(
-        &self,
-        op: &'static str,
-        bytes: usize,
-        body: impl FnOnce(&mut F, &mut Vec<u8>, Duration) -> Result<(), FabricError>,
-    ) -> Result<(), Error> {
-        self.core.operate(op, bytes, body)
     }
 
     /// [`Communicator::all_reduce`](nuvec_core::distributed::Communicator::all_reduce) with this crate's error.
