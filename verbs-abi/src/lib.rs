@@ -35,7 +35,9 @@
 //! [`ibv_device`], [`ibv_comp_channel`], [`ibv_srq`], [`ibv_ah`] and [`ibv_mw`] are declared
 //! without fields.
 //!
-//! Names are the C names, so that each item can be found in `verbs.h`.
+//! Names are the C names, so that each item can be found in `verbs.h`. The file is long because
+//! it is one table of declarations, kept together so that the layout check compares all of
+//! them and nothing is declared twice.
 #![no_std]
 #![allow(non_camel_case_types)]
 
