@@ -7,6 +7,9 @@
 //! and the provider's faults end in errors naming a peer, with nothing left registered.
 
 #[cfg(feature = "jaccl")]
+#[path = "common/built.rs"]
+mod built;
+#[cfg(feature = "jaccl")]
 #[path = "common/emu.rs"]
 mod emu;
 #[path = "common/jaccl_model.rs"]

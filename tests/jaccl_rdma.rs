@@ -25,6 +25,8 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::Duration;
 
+#[path = "common/built.rs"]
+mod built;
 #[path = "common/emu.rs"]
 mod emu;
 #[path = "common/ports.rs"]

@@ -6,6 +6,8 @@
 //! (mlx.launch leaves its own). Every wait is bounded; a job that outlives its bound is
 //! killed, with its descendants, and the test fails.
 
+#[path = "common/built.rs"]
+mod built;
 #[cfg(feature = "jaccl")]
 #[path = "common/emu.rs"]
 mod emu;

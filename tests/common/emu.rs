@@ -1,6 +1,6 @@
 //! The software RDMA provider (`fabric-sim/verbs/`, crate `nuvec-verbs-emu`) for tests: built
 //! once per test binary with this test's profile, and the environment that makes a rank's RDMA
-//! fabric load it.
+//! fabric load it. A test binary that includes it includes `common/built.rs` as `built` too.
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::{Path, PathBuf};
@@ -10,33 +10,7 @@ use std::sync::OnceLock;
 /// The path of the provider's shared library, built (or brought up to date) on first use.
 pub fn library() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let exe = std::env::current_exe().expect("this test binary");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("target/<profile>/deps");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
-        build.current_dir(env!("CARGO_MANIFEST_DIR")).args([
-            "build",
-            "--quiet",
-            "--ignore-rust-version",
-            "-p",
-            "nuvec-verbs-emu",
-        ]);
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("run cargo build");
-        assert!(
-            status.success(),
-            "building the software RDMA provider failed"
-        );
-        let path = profile_dir.join("libnuvec_verbs_emu.so");
-        assert!(path.exists(), "{} is not built", path.display());
-        path
-    })
+    PATH.get_or_init(|| crate::built::artifact("nuvec-verbs-emu", "libnuvec_verbs_emu.so"))
 }
 
 /// Every device name in a JACCL device file (`MLX_IBV_DEVICES`' JSON), comma-separated, as
