@@ -23,7 +23,7 @@
 //!   models drive a real `RingCommunicator` over a scripted fabric.
 //!   [`communicator_uses_loom_s_mutex`] checks that this is so (if `comm.rs` took std's Mutex,
 //!   loom would see no lock at all and the models would prove nothing).
-//! - **The simulator's turn hand-off** (`fabric-sim/src/lib.rs`, `Shared`: a `Mutex<World>`
+//! - **The simulator's turn hand-off** (`fabric-sim/src/turn.rs`, `Shared`: a `Mutex<World>`
 //!   and one `Condvar` per rank, `turns`). Modelled as a faithful *replica*, [`turns`], because the real one
 //!   cannot run under loom: `Sim::run` spawns its rank threads with `std::thread::scope`
 //!   (they borrow the caller's closure), and loom has no scoped threads (tokio-rs/loom#308,
@@ -36,7 +36,8 @@
 //!   in one critical section. The real waiter first watches `holder` for up to 50 µs; loom has
 //!   no clock, so the replica's watch is one look, after which both check `turn` under the
 //!   lock. Keep it in step with
-//!   `Shared::{wait_turn, start, finish, yield_turn, pass, run}` and `World::schedule`.
+//!   `Shared::{wait_turn, start, finish, yield_turn, pass}` (`turn.rs`), the waits of
+//!   `Shared::{run_stream, run_messages}` (`stream.rs`, `uc.rs`) and `World::schedule`.
 //!
 //! The replica can also be built with one deliberate bug of each class it should catch
 //! (`turns::Bug`); the `*_is_caught` tests run those models in a child process and check that
@@ -247,8 +248,8 @@ fn communicator_uses_loom_s_mutex() {
     );
 }
 
-/// A replica of the simulator's turn hand-off (`fabric-sim/src/lib.rs`: `Shared`, `World`),
-/// with one optional deliberate bug.
+/// A replica of the simulator's turn hand-off (`fabric-sim/src/turn.rs`: `Shared`;
+/// `fabric-sim/src/world.rs`: `World`), with one optional deliberate bug.
 mod turns {
     use super::*;
     use loom::cell::UnsafeCell;
@@ -481,7 +482,7 @@ mod turns {
             self.await_turn(world, rank)
         }
 
-        /// `Shared::run` (one fabric call): do the call's effect, then yield until it
+        /// `Shared::step` (one fabric call): do the call's effect, then yield until it
         /// completes or times out. Returns whether it completed.
         fn call(&self, rank: usize, call: Call) -> bool {
             let mut world = self.lock();
