@@ -8,9 +8,10 @@
 //! stopped at ([`fail`]), or, for an empty step of a crashed rank, the rank itself
 //! ([`crash_error`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crossbeam_utils::sync::Parker;
 use nuvec_distributed::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer,
 };
@@ -20,6 +21,10 @@ use crate::turn::Shared;
 /// One rank's fabric in a simulated job.
 pub struct SimFabric {
     shared: Arc<Shared>,
+    /// The rank's parker for the turn hand-off. In a `Mutex` only so that the fabric stays
+    /// `Sync` (a `Parker` is not): it is reached through `get_mut` from `run(&mut self)`,
+    /// never locked.
+    parker: Mutex<Parker>,
     kind: ChannelKind,
     rank: usize,
     size: usize,
@@ -28,13 +33,14 @@ pub struct SimFabric {
 
 impl SimFabric {
     /// `rank`'s fabric, with the channels of the world's wiring.
-    pub(crate) fn new(shared: Arc<Shared>, kind: ChannelKind, rank: usize) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, kind: ChannelKind, rank: usize, parker: Parker) -> Self {
         let world = shared.lock();
         let size = world.size();
         let links = (0..size).map(|p| world.wiring.links(rank, p)).collect();
         drop(world);
         Self {
             shared,
+            parker: Mutex::new(parker),
             kind,
             rank,
             size,
@@ -98,7 +104,11 @@ impl Fabric for SimFabric {
     }
 
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
-        self.shared.step(self.rank, step, deadline)
+        let parker = self
+            .parker
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.shared.step(self.rank, parker, step, deadline)
     }
 
     fn last_heard(&self, peer: usize) -> Option<Duration> {
@@ -116,6 +126,7 @@ impl Shared {
     fn step(
         &self,
         rank: usize,
+        parker: &Parker,
         step: &mut [Transfer<'_>],
         deadline: Duration,
     ) -> Result<(), FabricError> {
@@ -146,9 +157,9 @@ impl Shared {
             t.check_landing().map_err(|what| t.invalid(what))?;
         }
         if world.uc.is_some() {
-            self.run_messages(world, rank, step, deadline, started)
+            self.run_messages(world, rank, parker, step, deadline, started)
         } else {
-            self.run_stream(world, rank, step, deadline, started)
+            self.run_stream(world, rank, parker, step, deadline, started)
         }
     }
 }

@@ -224,21 +224,23 @@ impl Sim {
         F: Fn(SimFabric) -> T + Sync,
     {
         let seed = self.effective_seed();
-        let size = self.size();
         let kind = if self.uc.is_some() {
             ChannelKind::Message
         } else {
             ChannelKind::Stream
         };
-        let shared = Arc::new(Shared::new(World::new(self, seed)));
+        let (shared, parkers) = Shared::new(World::new(self, seed));
+        let shared = Arc::new(shared);
         let outcomes: Vec<Outcome<T>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..size)
-                .map(|rank| {
+            let handles: Vec<_> = parkers
+                .into_iter()
+                .enumerate()
+                .map(|(rank, parker)| {
                     let shared = Arc::clone(&shared);
                     let body = &body;
                     scope.spawn(move || {
-                        shared.wait_turn(rank);
-                        let fabric = SimFabric::new(Arc::clone(&shared), kind, rank);
+                        shared.wait_turn(rank, &parker);
+                        let fabric = SimFabric::new(Arc::clone(&shared), kind, rank, parker);
                         let result = catch_unwind(AssertUnwindSafe(|| body(fabric)));
                         let crashed = shared.finish(rank);
                         match result {

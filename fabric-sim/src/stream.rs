@@ -13,6 +13,7 @@
 use std::sync::MutexGuard;
 use std::time::Duration;
 
+use crossbeam_utils::sync::Parker;
 use nuvec_distributed::fabric::{Channel, FabricError, FailureKind, Transfer, most_stuck};
 use rand::RngExt;
 
@@ -28,6 +29,7 @@ impl Shared {
         &'a self,
         mut world: MutexGuard<'a, World>,
         rank: usize,
+        parker: &Parker,
         step: &mut [Transfer<'_>],
         deadline: Duration,
         started: Duration,
@@ -117,7 +119,7 @@ impl Shared {
                 let now = world.now.as_nanos() as u64;
                 world.hash(&[3, rank as u64, now]);
                 world.ranks[rank].state = RankState::Ready;
-                let _world = self.yield_turn(world, rank);
+                let _world = self.yield_turn(world, rank, parker);
                 return Ok(());
             }
             if world.now >= deadline {
@@ -128,7 +130,7 @@ impl Shared {
                 return Err(fail(&step[i], p, FailureKind::TimedOut { waited }));
             }
             world.ranks[rank].state = RankState::Waiting { deadline };
-            world = self.yield_turn(world, rank);
+            world = self.yield_turn(world, rank, parker);
         }
     }
 }

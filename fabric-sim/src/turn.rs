@@ -2,27 +2,43 @@
 //! finishes, the scheduler ([`World::schedule`]) picks the next holder under the world's lock
 //! and this module wakes exactly that rank.
 //!
+//! Every rank has a [`Parker`] (its thread, then its [`SimFabric`](crate::SimFabric), owns
+//! it) and [`Shared`] holds the matching [`Unparker`]s. Passing the turn publishes the new
+//! holder in `holder` and unparks it. A waiting rank watches `holder` for up to [`WATCH`],
+//! then parks, and whenever it wakes it checks `turn` under the lock, parking again until the
+//! turn is its own. A parker is a token: an unpark that comes before the park is kept, so a
+//! rank that checked `turn`, released the lock and has not parked yet cannot miss its
+//! wake-up, and a rank already running (it saw `holder` in its watch) costs the unpark one
+//! atomic swap (a condition variable's notify makes a system call on every hand-off, sleeper
+//! or not). The token a watching rank leaves behind makes its next park return at once: it
+//! looks at `turn`, finds it is not its own, and parks again.
+//!
+//! The watch stays: a hand-off to a parked thread still waits for the kernel to wake it, tens
+//! of microseconds on a virtual machine, and a simulated job hands the turn on at every
+//! fragment.
+//!
 //! Uses: the [`World`] (its `turn`, chosen by the scheduler). Invariants: `turn` changes only
-//! under the lock, and the chosen rank is woken in the same critical section (so it cannot
-//! miss its wake-up between its check of `turn` and its wait); a waiting rank runs only once
-//! it has seen `turn` name it under the lock, so the previous holder's writes happen before
-//! its reads; the lock-free watch of `holder` only decides when to look, never who runs. Only
-//! the order of turns is simulated, and it is fixed by the scheduler: how a rank waits changes
-//! no result and no trace hash. `tests/loom.rs` holds a replica of this protocol: keep it in
-//! step.
+//! under the lock, and the chosen rank is unparked in the same critical section; a waiting
+//! rank runs only once it has seen `turn` name it under the lock, so the previous holder's
+//! writes happen before its reads; the lock-free watch of `holder` and a wake-up only decide
+//! when to look, never who runs. Only the order of turns is simulated, and it is fixed by the
+//! scheduler: how a rank waits changes no result and no trace hash. `tests/loom.rs` holds a
+//! replica of this protocol (`turns`): keep it in step.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use crossbeam_utils::sync::{Parker, Unparker};
 
 use crate::world::{RankState, World};
 
 /// What every rank thread shares: the world behind its one lock, and the turn.
 pub(crate) struct Shared {
     world: Mutex<World>,
-    /// One per rank: the rank waits on its own, so passing the turn wakes only the rank that
-    /// gets it (with one shared condition variable every hand-off woke every rank).
-    turns: Vec<Condvar>,
+    /// One per rank, for the [`Parker`] the rank waits on: passing the turn wakes only the
+    /// rank that gets it.
+    unparkers: Vec<Unparker>,
     /// The rank holding the turn ([`NOBODY`] when none), mirrored outside the lock so that a
     /// waiting rank can watch for its turn without taking the lock or sleeping.
     holder: AtomicUsize,
@@ -32,41 +48,43 @@ pub(crate) struct Shared {
 const NOBODY: usize = usize::MAX;
 
 /// How long a rank waiting for its turn watches [`Shared::holder`] (yielding the core between
-/// looks) before it sleeps on its condition variable. A hand-off to a sleeping thread waits
+/// looks) before it parks. A hand-off to a sleeping thread waits
 /// for the kernel to wake it, tens of microseconds on a virtual machine whose other core is
 /// idle, and a simulated job hands the turn on at every fragment; a watching rank takes its
 /// turn at once. Only the order of turns is simulated, so this changes no result or trace.
 const WATCH: Duration = Duration::from_micros(50);
 
 impl Shared {
-    /// The shared state of a job about to start: nobody holds the turn yet.
-    pub(crate) fn new(world: World) -> Self {
-        let size = world.size();
-        Self {
+    /// The shared state of a job about to start (nobody holds the turn yet), and every rank's
+    /// parker, in rank order.
+    pub(crate) fn new(world: World) -> (Self, Vec<Parker>) {
+        let parkers: Vec<Parker> = (0..world.size()).map(|_| Parker::new()).collect();
+        let shared = Self {
             world: Mutex::new(world),
-            turns: (0..size).map(|_| Condvar::new()).collect(),
+            unparkers: parkers.iter().map(|p| p.unparker().clone()).collect(),
             holder: AtomicUsize::new(NOBODY),
-        }
+        };
+        (shared, parkers)
     }
 
-    /// Publishes the rank the scheduler gave the turn to and wakes it if it sleeps (`world` is
-    /// still locked, so it cannot miss the wake-up between its check of the turn and its
-    /// wait).
+    /// Publishes the rank the scheduler gave the turn to and unparks it (`world` is still
+    /// locked: the turn and its wake-up are one step).
     fn pass(&self, world: &World) {
         self.holder
             .store(world.turn.unwrap_or(NOBODY), Ordering::Release);
         if let Some(next) = world.turn {
-            self.turns[next].notify_one();
+            self.unparkers[next].unpark();
         }
     }
 
     /// Returns with `world` locked once `rank` holds the turn: first watching
-    /// [`Shared::holder`] without the lock for up to [`WATCH`], then sleeping on the rank's
-    /// condition variable, always re-checking `turn` under the lock.
+    /// [`Shared::holder`] without the lock for up to [`WATCH`], then parking on `parker` (the
+    /// rank's own), always re-checking `turn` under the lock.
     fn await_turn<'a>(
         &'a self,
-        mut world: MutexGuard<'a, World>,
+        world: MutexGuard<'a, World>,
         rank: usize,
+        parker: &Parker,
     ) -> MutexGuard<'a, World> {
         if world.turn == Some(rank) {
             return world;
@@ -76,13 +94,14 @@ impl Shared {
         while self.holder.load(Ordering::Acquire) != rank && since.elapsed() < WATCH {
             std::thread::yield_now();
         }
-        world = self.lock();
-        while world.turn != Some(rank) {
-            world = self.turns[rank]
-                .wait(world)
-                .unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let world = self.lock();
+            if world.turn == Some(rank) {
+                return world;
+            }
+            drop(world);
+            parker.park();
         }
-        world
     }
 
     /// Locks the world. Poisoning is ignored: rank closures run outside the lock, so a panic
@@ -92,8 +111,8 @@ impl Shared {
     }
 
     /// Blocks the calling rank thread until the scheduler gives it the turn.
-    pub(crate) fn wait_turn(&self, rank: usize) {
-        drop(self.await_turn(self.lock(), rank));
+    pub(crate) fn wait_turn(&self, rank: usize, parker: &Parker) {
+        drop(self.await_turn(self.lock(), rank, parker));
     }
 
     /// Gives the first turn.
@@ -118,16 +137,18 @@ impl Shared {
         crashed
     }
 
-    /// Hands the turn to the scheduler and waits to get it back.
+    /// Hands the turn to the scheduler and waits (on `parker`, the rank's own) to get it
+    /// back.
     pub(crate) fn yield_turn<'a>(
         &'a self,
         mut world: MutexGuard<'a, World>,
         rank: usize,
+        parker: &Parker,
     ) -> MutexGuard<'a, World> {
         world.schedule();
         if world.turn != Some(rank) {
             self.pass(&world);
         }
-        self.await_turn(world, rank)
+        self.await_turn(world, rank, parker)
     }
 }

@@ -16,6 +16,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::sync::MutexGuard;
 use std::time::Duration;
 
+use crossbeam_utils::sync::Parker;
 use nuvec_distributed::fabric::{Channel, FabricError, FailureKind, Transfer, most_stuck};
 use rand::RngExt;
 
@@ -70,6 +71,7 @@ impl Shared {
         &'a self,
         mut world: MutexGuard<'a, World>,
         rank: usize,
+        parker: &Parker,
         step: &mut [Transfer<'_>],
         deadline: Duration,
         started: Duration,
@@ -170,7 +172,7 @@ impl Shared {
                 let now = world.now.as_nanos() as u64;
                 world.hash(&[3, rank as u64, now]);
                 world.ranks[rank].state = RankState::Ready;
-                let _world = self.yield_turn(world, rank);
+                let _world = self.yield_turn(world, rank, parker);
                 return Ok(());
             }
             if world.now >= deadline {
@@ -181,7 +183,7 @@ impl Shared {
                 return Err(fail(&step[i], 0, FailureKind::TimedOut { waited }));
             }
             world.ranks[rank].state = RankState::Waiting { deadline };
-            world = self.yield_turn(world, rank);
+            world = self.yield_turn(world, rank, parker);
         }
     }
 }
