@@ -53,7 +53,7 @@ pub struct Report<T> {
     pub trace_hash: u64,
     /// Virtual time at the end.
     pub end: Duration,
-    /// With [`Sim::record_wire`]: every byte sent, per `(sender, sender's channel)`.
+    /// With [`Sim::record_wire`](crate::Sim::record_wire): every byte sent, per `(sender, sender's channel)`.
     pub wire: BTreeMap<(usize, Channel), Vec<u8>>,
     /// Message channels: the length of every message sent, per `(sender, sender's channel)`
     /// (lost ones included).

@@ -34,7 +34,7 @@ pub enum Unexpected {
     Hold,
 }
 
-/// The model of RDMA Unreliable Connected queue pairs for [`Sim::uc`]: every send is one
+/// The model of RDMA Unreliable Connected queue pairs for [`Sim::uc`](crate::Sim::uc): every send is one
 /// message; every receive takes exactly one. The fabric keeps `posted` receives posted per
 /// queue pair, re-posting one as each is consumed; a message that finds none is dropped or
 /// held ([`Unexpected`]), and a message may be lost on the way (`loss`, and
