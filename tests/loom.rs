@@ -23,20 +23,25 @@
 //!   models drive a real `RingCommunicator` over a scripted fabric.
 //!   [`communicator_uses_loom_s_mutex`] checks that this is so (if `comm.rs` took std's Mutex,
 //!   loom would see no lock at all and the models would prove nothing).
-//! - **The simulator's turn hand-off** (`fabric-sim/src/lib.rs`, `Shared`: a `Mutex<World>`
-//!   and one `Condvar` per rank, `turns`). Modelled as a faithful *replica*, [`turns`], because the real one
-//!   cannot run under loom: `Sim::run` spawns its rank threads with `std::thread::scope`
-//!   (they borrow the caller's closure), and loom has no scoped threads (tokio-rs/loom#308,
-//!   #396), so it would need a `'static` API; and `nuvec-fabric-sim` is a separate crate that
-//!   cannot reach this crate's private `sync` shim. The replica keeps the same state machine
-//!   (ranks Ready/Waiting/Done, a dirty flag, a seeded scheduler choosing among runnable
-//!   ranks, time advancing when none is) and the same locking: every rank waits on its own
-//!   condition variable in a `while` loop on `turn`, and `schedule()` and the notification of
-//!   the rank it chose (`Shared::pass`, which also publishes it in the atomic `holder`) happen
-//!   in one critical section. The real waiter first watches `holder` for up to 50 µs; loom has
-//!   no clock, so the replica's watch is one look, after which both check `turn` under the
-//!   lock. Keep it in step with
-//!   `Shared::{wait_turn, start, finish, yield_turn, pass, run}` and `World::schedule`.
+//! - **The simulator's turn hand-off** (`fabric-sim/src/turn.rs`, `Shared`: a `Mutex<World>`,
+//!   one `crossbeam_utils::sync::Parker` per rank and the matching `Unparker`s). Modelled as
+//!   a faithful *replica*, [`turns`], because the real one cannot run under loom: `Sim::run`
+//!   spawns its rank threads with `std::thread::scope` (they borrow the caller's closure), and
+//!   loom has no scoped threads (tokio-rs/loom#308, #396), so it would need a `'static` API;
+//!   and `nuvec-fabric-sim` is a separate crate that cannot reach this crate's private `sync`
+//!   shim (nor does crossbeam's `Parker` use loom's primitives outside crossbeam's own
+//!   `crossbeam_loom` builds). The replica keeps the same state machine (ranks
+//!   Ready/Waiting/Done, a dirty flag, a seeded scheduler choosing among runnable ranks, time
+//!   advancing when none is) and the same protocol: `schedule()` and the unpark of the rank it
+//!   chose (`Shared::pass`, which also publishes it in the atomic `holder`) happen in one
+//!   critical section, and a waiting rank checks `turn` under the lock and parks between
+//!   checks until the turn is its own. The parker is replicated by its contract
+//!   ([`turns::Parker`]: a token that `unpark` sets and `park` waits for and clears, so an
+//!   unpark before the park is kept), on loom's `Mutex` and `Condvar`. The real waiter first
+//!   watches `holder` for up to 50 µs; loom has no clock, so the replica's watch is one look,
+//!   after which both check `turn` under the lock. Keep it in step with
+//!   `Shared::{wait_turn, start, finish, yield_turn, pass}` (`turn.rs`), the waits of
+//!   `Shared::{run_stream, run_messages}` (`stream.rs`, `uc.rs`) and `World::schedule`.
 //!
 //! The replica can also be built with one deliberate bug of each class it should catch
 //! (`turns::Bug`); the `*_is_caught` tests run those models in a child process and check that
@@ -45,8 +50,8 @@
 //! a second critical section by breaking a scratch copy of `src/comm.rs` by hand.)
 //!
 //! Cost on the 2-core machine (each model prints its count with `--nocapture`): the
-//! communicator models about 2,400 and 100 executions, the two-rank hand-off 9,000–13,000
-//! per seed, the three-rank one about 270,000 (some 40 s); the whole file under a minute once
+//! communicator models about 2,400 and 100 executions, the two-rank hand-off 23,000–34,000
+//! per seed, the three-rank one about 600,000 (some 40 s); the whole file under a minute once
 //! built.
 #![cfg(loom)]
 
@@ -247,30 +252,60 @@ fn communicator_uses_loom_s_mutex() {
     );
 }
 
-/// A replica of the simulator's turn hand-off (`fabric-sim/src/lib.rs`: `Shared`, `World`),
-/// with one optional deliberate bug.
+/// A replica of the simulator's turn hand-off (`fabric-sim/src/turn.rs`: `Shared`;
+/// `fabric-sim/src/world.rs`: `World`), with one optional deliberate bug.
 mod turns {
     use super::*;
     use loom::cell::UnsafeCell;
     use loom::sync::atomic::{AtomicUsize, Ordering};
     use loom::sync::{Condvar, Mutex, MutexGuard};
 
+    /// `crossbeam_utils::sync::Parker` by its contract: one token; `unpark` makes it
+    /// available and `park` blocks until it is, then takes it. An unpark before the park is
+    /// kept (not lost), and several unparks before one park make one token.
+    pub(super) struct Parker {
+        token: Mutex<bool>,
+        wake: Condvar,
+    }
+
+    impl Parker {
+        fn new() -> Self {
+            Self {
+                token: Mutex::new(false),
+                wake: Condvar::new(),
+            }
+        }
+
+        fn park(&self) {
+            let mut token = self.token.lock().unwrap();
+            while !*token {
+                token = self.wake.wait(token).unwrap();
+            }
+            *token = false;
+        }
+
+        fn unpark(&self) {
+            *self.token.lock().unwrap() = true;
+            self.wake.notify_one();
+        }
+    }
+
     /// A deliberate bug for the `*_is_caught` tests; `None` is the real protocol.
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
     pub(super) enum Bug {
         None,
-        /// `finish` wakes the waiters, releases the lock, and only then picks the next rank
-        /// (without waking anyone again): the rank given the turn may already have looked
+        /// `finish` unparks the rank holding the turn, releases the lock, and only then picks
+        /// the next rank (without unparking anyone again): the rank given the turn may already have looked
         /// and gone back to sleep → lost wake-up (deadlock).
         NotifyBeforeTurn,
-        /// `wait_turn` checks `turn` in one critical section and waits in another: if the
-        /// running rank finishes and notifies in between, the notification is lost.
-        CheckThenWait,
-        /// `pass` wakes the rank that gave the turn away instead of the one that got it: the
-        /// new turn holder sleeps on → lost wake-up (deadlock). (With one condition variable
-        /// per rank a rank is only woken when the turn is its own, so waiting with `if`
-        /// instead of `while` would only go wrong on a spurious wake-up, which std allows and
-        /// the code guards against, but loom does not produce: that class is not modelled.)
+        /// `await_turn` parks once and takes the turn when it wakes, without checking `turn`
+        /// again: the token a rank left behind when it saw its turn without parking makes a
+        /// later park return at once, turn or not → two rank bodies run at once. (Checking
+        /// `turn` in one critical section and parking after it, which was a lost wake-up with
+        /// condition variables, is the design with a parker: its token keeps the unpark.)
+        TrustsAWakeUp,
+        /// `pass` unparks the rank that gave the turn away instead of the one that got it: the
+        /// new turn holder stays parked → lost wake-up (deadlock).
         WakesTheGiver,
         /// `wait_turn` takes the turn as soon as a relaxed load of `holder` names it, without
         /// the lock: nothing orders the previous holder's writes before this rank's reads →
@@ -355,7 +390,9 @@ mod turns {
     /// count of running bodies.
     pub(super) struct Shared {
         world: Mutex<World>,
-        turns: Vec<Condvar>,
+        /// One per rank (the real `Shared` holds the `Unparker`s; each rank owns its
+        /// `Parker`).
+        parkers: Vec<Parker>,
         /// `Shared::holder`: the turn's holder mirrored outside the lock (`NOBODY`: none).
         holder: AtomicUsize,
         body_memory: UnsafeCell<Vec<usize>>,
@@ -374,7 +411,7 @@ mod turns {
                     rng: seed,
                     bug,
                 }),
-                turns: (0..ranks).map(|_| Condvar::new()).collect(),
+                parkers: (0..ranks).map(|_| Parker::new()).collect(),
                 holder: AtomicUsize::new(NOBODY),
                 body_memory: UnsafeCell::new(Vec::new()),
                 running: AtomicUsize::new(0),
@@ -387,20 +424,7 @@ mod turns {
 
         /// `Shared::wait_turn`.
         fn wait_turn(&self, rank: usize) {
-            let mut world = self.lock();
-            if world.bug == Bug::CheckThenWait {
-                let mine = world.turn == Some(rank);
-                drop(world);
-                if !mine {
-                    world = self.lock();
-                    // Broken: `turn` may have become ours, with its notify gone, meanwhile.
-                    world = self.turns[rank].wait(world).unwrap();
-                    while world.turn != Some(rank) {
-                        world = self.turns[rank].wait(world).unwrap();
-                    }
-                }
-                return;
-            }
+            let world = self.lock();
             if world.bug == Bug::TrustsARelaxedWatch && world.turn != Some(rank) {
                 drop(world);
                 // Broken: takes the turn on a relaxed look alone, without the lock.
@@ -413,25 +437,34 @@ mod turns {
         }
 
         /// `Shared::await_turn`, its watch cut to one look at `holder` (loom has no clock):
-        /// whatever the look sees, `turn` is checked again under the lock.
+        /// whatever the look sees, `turn` is checked again under the lock, and the rank parks
+        /// between checks.
         fn await_turn<'a>(
             &'a self,
-            mut world: MutexGuard<'a, World>,
+            world: MutexGuard<'a, World>,
             rank: usize,
         ) -> MutexGuard<'a, World> {
             if world.turn == Some(rank) {
                 return world;
             }
+            let bug = world.bug;
             drop(world);
             let _mine = self.holder.load(Ordering::Acquire) == rank;
-            world = self.lock();
-            while world.turn != Some(rank) {
-                world = self.turns[rank].wait(world).unwrap();
+            loop {
+                let world = self.lock();
+                if world.turn == Some(rank) {
+                    return world;
+                }
+                drop(world);
+                self.parkers[rank].park();
+                if bug == Bug::TrustsAWakeUp {
+                    // Broken: woken, so it must be our turn.
+                    return self.lock();
+                }
             }
-            world
         }
 
-        /// `Shared::pass`: publishes and wakes the rank holding the turn. `giver` is the rank
+        /// `Shared::pass`: publishes and unparks the rank holding the turn. `giver` is the rank
         /// that just scheduled (for the `WakesTheGiver` bug).
         fn pass(&self, world: &World, giver: Option<usize>) {
             self.holder
@@ -442,7 +475,7 @@ mod turns {
                 world.turn
             };
             if let Some(next) = woken {
-                self.turns[next].notify_one();
+                self.parkers[next].unpark();
             }
         }
 
@@ -481,7 +514,7 @@ mod turns {
             self.await_turn(world, rank)
         }
 
-        /// `Shared::run` (one fabric call): do the call's effect, then yield until it
+        /// `Shared::step` (one fabric call): do the call's effect, then yield until it
         /// completes or times out. Returns whether it completed.
         fn call(&self, rank: usize, call: Call) -> bool {
             let mut world = self.lock();
@@ -642,10 +675,10 @@ mod broken {
     }
 
     #[test]
-    #[ignore = "fails by design; run by check_then_wait_is_caught"]
-    fn check_then_wait() {
-        check("check_then_wait", || {
-            turns::ping_pong(0, turns::Bug::CheckThenWait)
+    #[ignore = "fails by design; run by trusting_a_wake_up_is_caught"]
+    fn trusts_a_wake_up() {
+        check("trusts_a_wake_up", || {
+            turns::ping_pong(0, turns::Bug::TrustsAWakeUp)
         });
     }
 
@@ -699,10 +732,10 @@ fn notify_before_turn_is_caught() {
     assert_caught("notify_before_turn", "deadlock");
 }
 
-/// A lost wake-up between the check of `turn` and the wait.
+/// A rank that takes a wake-up for its turn runs beside the rank whose turn it is.
 #[test]
-fn check_then_wait_is_caught() {
-    assert_caught("check_then_wait", "deadlock");
+fn trusting_a_wake_up_is_caught() {
+    assert_caught("trusts_a_wake_up", "UnsafeCell");
 }
 
 /// Two rank bodies at once: loom sees them access the bodies' memory without a

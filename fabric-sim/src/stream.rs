@@ -1,0 +1,214 @@
+//! The stream step engine ([`Shared::run_stream`]) and the stream half of the network model
+//! ([`World::pump`]): a sender's bytes are cut into fragments of random sizes, each put on the
+//! wire as the window allows and delivered in order after its latency, jitter and time on the
+//! wire; a receive completes with exactly the bytes it asked for (in whole grains while it
+//! waits).
+//!
+//! Uses: the [`World`] (wires, generator, trace, events) under the lock it is given, and the
+//! turn hand-off ([`Shared::yield_turn`]) while a step waits. Invariants: bytes of one
+//! direction arrive in order and never overtake (`last_arrival`); at most `window` bytes are
+//! in flight or unread per direction; a send completes when its last byte is on the wire; a
+//! step that completes hashes the time it completed at, and passes the turn before it returns.
+
+use std::sync::MutexGuard;
+use std::time::Duration;
+
+use crossbeam_utils::sync::Parker;
+use nuvec_distributed::fabric::{Channel, FabricError, FailureKind, Transfer, most_stuck};
+use rand::RngExt;
+
+use crate::fabric::{crash_error, fail};
+use crate::turn::Shared;
+use crate::world::{Event, RankState, World, fnv};
+
+impl Shared {
+    /// [`Shared::step`](crate::fabric) over stream channels: queues the sends into their
+    /// channels' outboxes, then takes in order what arrives for the receives, handing the
+    /// turn on whenever the step cannot finish yet, until it is done, fails or times out.
+    pub(crate) fn run_stream<'a>(
+        &'a self,
+        mut world: MutexGuard<'a, World>,
+        rank: usize,
+        parker: &Parker,
+        step: &mut [Transfer<'_>],
+        deadline: Duration,
+        started: Duration,
+    ) -> Result<(), FabricError> {
+        let mut progress: Vec<Progress> = (0..step.len())
+            .map(|_| Progress { done: 0, mark: 0 })
+            .collect();
+        // Queue the sends: the simulator copies them into the channel's outbox.
+        for (t, p) in step.iter().zip(progress.iter_mut()) {
+            if let Transfer::Send { channel, data } = t {
+                let chan = world.channel_mut(rank, *channel);
+                chan.outbox.extend(data.iter().copied());
+                chan.queued += data.len() as u64;
+                p.mark = chan.queued;
+                let h = fnv(data);
+                world.hash(&[
+                    1,
+                    rank as u64,
+                    channel.peer as u64,
+                    channel.link as u64,
+                    data.len() as u64,
+                    h,
+                ]);
+            }
+        }
+        world.pump_all();
+        loop {
+            if world.ranks[rank].state == RankState::Crashed {
+                return Err(crash_error(rank, step));
+            }
+            // Take what has arrived for the receives, in order per channel.
+            let mut blocked_recv: Vec<Channel> = Vec::new();
+            let mut all_done = true;
+            for (t, p) in step.iter_mut().zip(progress.iter_mut()) {
+                match t {
+                    Transfer::Send { channel, data } => {
+                        let chan = world.channel(rank, *channel);
+                        if chan.sent < p.mark {
+                            all_done = false;
+                            if chan.closed {
+                                let done = data.len() - (p.mark - chan.sent) as usize;
+                                return Err(fail(t, done, FailureKind::Closed));
+                            }
+                        }
+                        p.done = data.len()
+                            - (p.mark.saturating_sub(chan.sent) as usize).min(data.len());
+                    }
+                    Transfer::Recv { channel, landing } => {
+                        if blocked_recv.contains(channel) {
+                            all_done &= p.done == landing.len();
+                            continue;
+                        }
+                        let grain = landing.grain();
+                        let want = landing.len() - p.done;
+                        let incoming = world.incoming_mut(rank, *channel);
+                        let avail = incoming.arrived.len();
+                        let take = if avail >= want {
+                            want
+                        } else {
+                            avail - avail % grain
+                        };
+                        if take > 0 {
+                            landing.deliver(p.done, &incoming.arrived.make_contiguous()[..take]);
+                            incoming.arrived.drain(..take);
+                            p.done += take;
+                            world.heard[rank][channel.peer] = Some(world.now);
+                            let (peer, link) = world
+                                .wiring
+                                .far_end(rank, *channel)
+                                .expect("validated channel");
+                            world.hash(&[2, rank as u64, channel.peer as u64, take as u64]);
+                            world.pump((peer, Channel::new(rank, link)));
+                        }
+                        if p.done < landing.len() {
+                            all_done = false;
+                            blocked_recv.push(*channel);
+                            let incoming = world.incoming_mut(rank, *channel);
+                            if incoming.closed && incoming.in_flight.is_empty() {
+                                let done = p.done;
+                                return Err(fail(t, done, FailureKind::Closed));
+                            }
+                        }
+                    }
+                }
+            }
+            if all_done {
+                let now = world.now.as_nanos() as u64;
+                world.hash(&[3, rank as u64, now]);
+                world.ranks[rank].state = RankState::Ready;
+                let _world = self.yield_turn(world, rank, parker);
+                return Ok(());
+            }
+            if world.now >= deadline {
+                let waited = world.now.saturating_sub(started);
+                let i = most_stuck(step, |i| progress[i].done).unwrap_or(0);
+                let p = progress[i].done;
+                world.hash(&[4, rank as u64]);
+                return Err(fail(&step[i], p, FailureKind::TimedOut { waited }));
+            }
+            world.ranks[rank].state = RankState::Waiting { deadline };
+            world = self.yield_turn(world, rank, parker);
+        }
+    }
+}
+
+/// How far one transfer of a stream step has come.
+struct Progress {
+    /// Bytes delivered (receives) or on the wire (sends).
+    done: usize,
+    /// For sends: the channel's `queued` count once this send's last byte is queued.
+    mark: u64,
+}
+
+impl World {
+    /// Puts queued bytes on every wire, as far as the windows allow (after a step queued its
+    /// sends, and after time advanced).
+    pub(crate) fn pump_all(&mut self) {
+        let keys: Vec<(usize, Channel)> = self.channels.keys().copied().collect();
+        for key in keys {
+            self.pump(key);
+        }
+    }
+
+    /// Puts as many queued bytes on the wire `key` as its window allows.
+    pub(crate) fn pump(&mut self, key: (usize, Channel)) {
+        loop {
+            let (latency, jitter, bps, max_frag, window, now) = (
+                self.latency,
+                self.jitter,
+                self.bytes_per_sec,
+                self.max_fragment,
+                self.window,
+                self.now,
+            );
+            let wire = &self.channels[&key];
+            if wire.closed || wire.outbox.is_empty() {
+                return;
+            }
+            let used = wire.in_flight_bytes + wire.arrived.len();
+            if used >= window {
+                return;
+            }
+            let room = (window - used).min(wire.outbox.len());
+            let size = self.rng.random_range(1..=max_frag.min(room).max(1));
+            let jitter_ns = if jitter.is_zero() {
+                0
+            } else {
+                self.rng.random_range(0..=jitter.as_nanos() as u64)
+            };
+            let wire = self.channels.get_mut(&key).expect("wire exists");
+            let bytes = wire.outbox.make_contiguous()[..size].to_vec();
+            wire.outbox.drain(..size);
+            let emptied = wire.outbox.is_empty();
+            let start = wire.busy_until.max(now);
+            let on_wire = Duration::from_nanos((size as u128 * 1_000_000_000 / bps as u128) as u64);
+            wire.busy_until = start + on_wire;
+            let arrival = (wire.busy_until + latency + Duration::from_nanos(jitter_ns))
+                .max(wire.last_arrival);
+            wire.last_arrival = arrival;
+            wire.sent += size as u64;
+            wire.in_flight_bytes += size;
+            self.payload += size as u64;
+            if self.record_wire {
+                wire.record.extend_from_slice(&bytes);
+            }
+            wire.in_flight.push_back((arrival, bytes));
+            // The sender's sends complete when the last queued byte is on the wire; a look at
+            // every fragment before that would find nothing to do.
+            if emptied {
+                self.ranks[key.0].dirty = true;
+            }
+            self.at(
+                arrival,
+                Event::Arrive {
+                    rank: key.0,
+                    peer: key.1.peer,
+                    link: key.1.link,
+                },
+            );
+        }
+    }
+}
