@@ -75,8 +75,7 @@ fn mlx_documented_four_node_mesh_parses_with_null_diagonal() {
 
 #[test]
 fn an_entry_may_be_a_list_of_cables_in_order() {
-    let text =
-        "\u{feff}[[null,[\"rdma_en3\",\"rdma_en4\"]],[[\"rdma_en5\",\"rdma_en6\"],[]]]\n";
+    let text = "\u{feff}[[null,[\"rdma_en3\",\"rdma_en4\"]],[[\"rdma_en5\",\"rdma_en6\"],[]]]\n";
     let m = parse_devices(text, "d").unwrap();
     assert_eq!(
         m,
