@@ -2,7 +2,7 @@
 //!
 //! Each row names the input and the fragments its error message must contain: the file, the
 //! rank and address index, and what is wrong. The environment rows are unit tests of the
-//! crate-private `env` module (`src/env.rs`), which an integration test cannot reach.
+//! crate-private `env` module (`src/config/env.rs`), which an integration test cannot reach.
 
 use std::path::PathBuf;
 

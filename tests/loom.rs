@@ -17,11 +17,11 @@
 //!
 //! What is modelled where:
 //!
-//! - **The communicator** (`src/comm.rs`, `RingCommunicator`: one `Mutex<State>` holding the
+//! - **The communicator** (`src/collective/core.rs`, under `RingCommunicator`: one `Mutex<State>` holding the
 //!   fabric, the sequence number and the first failure). Modelled as the *real code*: the
 //!   crate takes its `Mutex` from `src/sync.rs`, which is loom's under `cfg(loom)`, and the
 //!   models drive a real `RingCommunicator` over a scripted fabric.
-//!   [`communicator_uses_loom_s_mutex`] checks that this is so (if `comm.rs` took std's Mutex,
+//!   [`communicator_uses_loom_s_mutex`] checks that this is so (if `collective/core.rs` took std's Mutex,
 //!   loom would see no lock at all and the models would prove nothing).
 //! - **The simulator's turn hand-off** (`fabric-sim/src/turn.rs`, `Shared`: a `Mutex<World>`,
 //!   one `crossbeam_utils::sync::Parker` per rank and the matching `Unparker`s). Modelled as
@@ -47,7 +47,7 @@
 //! (`turns::Bug`); the `*_is_caught` tests run those models in a child process and check that
 //! loom fails each for the expected reason, so the model is known to have teeth. (The
 //! communicator's models were shown to catch a check-then-act split and a failure stored in
-//! a second critical section by breaking a scratch copy of `src/comm.rs` by hand.)
+//! a second critical section by breaking a scratch copy of `src/collective/core.rs` by hand.)
 //!
 //! Cost on the 2-core machine (each model prints its count with `--nocapture`): the
 //! communicator models about 2,400 and 100 executions, the two-rank hand-off 23,000–34,000
@@ -87,7 +87,7 @@ fn check(name: &str, model: impl Fn() + Sync + Send + 'static) {
     );
 }
 
-/// Models of the real `RingCommunicator` (`src/comm.rs`).
+/// Models of the real `RingCommunicator` (`src/ring/communicator.rs`, over `src/collective/core.rs`).
 mod communicator {
     use super::*;
     use nuvec_distributed::Error;
@@ -241,13 +241,13 @@ mod communicator {
 
 /// Not a model: checks that the models above see the communicator's lock. Under `cfg(loom)`
 /// a loom `Mutex` can only be made inside `loom::model`, so making a communicator outside one
-/// must panic; if it does not, `src/comm.rs` is not taking its `Mutex` from `src/sync.rs`.
+/// must panic; if it does not, `src/collective/core.rs` is not taking its `Mutex` from `src/sync.rs`.
 #[test]
 fn communicator_uses_loom_s_mutex() {
     let made = catch_unwind(AssertUnwindSafe(|| drop(communicator::comm(0))));
     assert!(
         made.is_err(),
-        "RingCommunicator was built outside loom::model: src/comm.rs does not use the \
+        "RingCommunicator was built outside loom::model: src/collective/core.rs does not use the \
          crate::sync shim, so the communicator models explore nothing"
     );
 }

@@ -3,10 +3,10 @@
 //! Every case runs whole rings of `RingCommunicator`s over `nuvec-fabric-sim` and checks them
 //! against `tests/common/mlx_model.rs`, an independent model of MLX's `ring.cpp` (its own
 //! split arithmetic, element reductions and socket choice; nothing from `src/ring` or
-//! `src/reduce.rs`):
+//! `src/collective/reduce/`):
 //!
 //! - **results**: every rank's all-reduce equals the model's fold in MLX's association order,
-//!   bit for bit (NaN bits included, with the NaN rules `src/reduce.rs` documents), and all
+//!   bit for bit (NaN bits included, with the NaN rules `src/collective/reduce/` documents), and all
 //!   ranks are bitwise equal; all-gather is the rank-order concatenation; send/recv deliver
 //!   exactly;
 //! - **wire**: with `record_wire(true)`, every `(sender, sender's channel)` stream equals,
@@ -1311,7 +1311,7 @@ fn the_model_reproduces_mlx_worked_examples() {
     assert_eq!(mlx_model::left(0, 4, 3, 1), Channel::new(3, 1));
 }
 
-/// The reference reduction keeps MLX's operand rules (reference §2.6.5, src/reduce.rs docs).
+/// The reference reduction keeps MLX's operand rules (reference §2.6.5, src/collective/reduce docs).
 #[test]
 fn the_reference_reduction_keeps_mlx_operand_rules() {
     let c = |lane: Lane, op: Reduction, l: &[u8], r: &[u8]| {

@@ -35,7 +35,7 @@ use nuvec_distributed::reduce::Reduction;
 pub const MIN_SEND_SIZE: usize = 262_144;
 
 /// The sign bit (as float16 bits) of the default NaN that `inf + -inf` produces on this host:
-/// x86's "real indefinite" is negative, ARM's and RISC-V's positive (src/reduce.rs documents
+/// x86's "real indefinite" is negative, ARM's and RISC-V's positive (src/collective/reduce documents
 /// the same rule for MLX's `_MLX_Float16` built on the same host).
 const DEFAULT_NAN_SIGN_F16: u16 = if cfg!(any(target_arch = "x86", target_arch = "x86_64")) {
     0x8000
@@ -124,7 +124,7 @@ fn f32_to_bf16_mlx(x: f32) -> u16 {
 /// MLX's `_MLX_Float16` sum: add in float32, round once to nearest even; a NaN sum is
 /// `sign | 0x7D00`, the sign being that of the float32 NaN: `received`'s if it is NaN, else
 /// `local`'s if it is NaN, else the host's default NaN (`inf + -inf`). That is the rule
-/// `src/reduce.rs` documents (checked there against MLX 0.32.4 on x86-64).
+/// `src/collective/reduce` documents (checked there against MLX 0.32.4 on x86-64).
 fn f16_sum(l: u16, r: u16) -> u16 {
     let s = f16::from_bits(l).to_f32() + f16::from_bits(r).to_f32();
     if s.is_nan() {
@@ -154,7 +154,7 @@ const DEFAULT_NAN_F64: u64 = if cfg!(any(target_arch = "x86", target_arch = "x86
     0x7FF8_0000_0000_0000
 };
 
-/// float32 `local + received` with the NaN bits `src/reduce.rs` documents (checked there
+/// float32 `local + received` with the NaN bits `src/collective/reduce` documents (checked there
 /// against MLX 0.32.4's x86-64 wheel, whose vectorised loop has `received` as the first
 /// `addps` operand): `received` quieted if it is NaN, else `local` quieted if it is NaN, else
 /// the default NaN if the sum is invalid (`inf + -inf`), else the IEEE sum.

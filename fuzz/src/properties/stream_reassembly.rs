@@ -12,7 +12,7 @@ fn stream_byte(i: usize) -> u8 {
     (x >> 24) as u8
 }
 
-/// Drives [`Reassembly`] as the TCP fabric does (`src/tcp/mod.rs`, `advance`): each read goes
+/// Drives [`Reassembly`] as the TCP fabric does (`src/transport/tcp/mod.rs`, `advance`): each read goes
 /// into the range [`Reassembly::next_read`] offers and is at most what the scripted socket
 /// returns. The script: grain `1 + b % 16`; length `grain × (u16 % 1024)`; scratch size `b % 80`
 /// (it may be smaller than a grain); then one read size per byte, where 0 is a read that
