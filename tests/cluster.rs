@@ -86,6 +86,10 @@ fn env_or(key: &str, default: &str) -> String {
 ///   connection for 30 s or until the peer closes it.
 #[test]
 fn a_cluster_rank_runs_its_role() {
+    if std::env::var(ROLE).is_ok() {
+        // The harness printed `test ... ` without a newline: every tagged line starts a line.
+        println!();
+    }
     match std::env::var(ROLE).as_deref() {
         Ok("launched") => launched_rank(),
         Ok("loop") => loop_rank(),
@@ -112,7 +116,9 @@ fn loop_rank() {
         .parse()
         .expect("timeout");
     let iters: usize = env_or("NUVEC_CLUSTER_ITERS", "1").parse().expect("iters");
-    let bytes: usize = env_or("NUVEC_CLUSTER_BYTES", "4096").parse().expect("bytes");
+    let bytes: usize = env_or("NUVEC_CLUSTER_BYTES", "4096")
+        .parse()
+        .expect("bytes");
     let mut options = Options::new().timeout(Duration::from_millis(timeout));
     if let Ok(key) = std::env::var("NUVEC_CLUSTER_KEY") {
         options = options.key(key).expect("a key");
@@ -327,7 +333,11 @@ fn the_cluster_is_made_reached_over_ssh_cut_and_removed() {
     let pid = std::process::id();
     // Host 0 reaches host 2 by name and by address; the command runs in host 2's namespace.
     let done = run(
-        &mut c.ssh(0, "host2", "ip -o -4 addr show scope global; getent hosts host1"),
+        &mut c.ssh(
+            0,
+            "host2",
+            "ip -o -4 addr show scope global; getent hosts host1",
+        ),
         Duration::from_secs(30),
     );
     assert_eq!(done.code, Some(0), "{}", done.output);
@@ -340,9 +350,12 @@ fn the_cluster_is_made_reached_over_ssh_cut_and_removed() {
     c.pull(2);
     let mut cut_cmd = c.on(0, {
         let mut ssh = Command::new("ssh");
-        ssh.arg("-F")
-            .arg(c.dir.join("ssh_config"))
-            .args(["-o", "ConnectTimeout=2", "198.18.0.3", "true"]);
+        ssh.arg("-F").arg(c.dir.join("ssh_config")).args([
+            "-o",
+            "ConnectTimeout=2",
+            "198.18.0.3",
+            "true",
+        ]);
         ssh
     });
     let done = run(&mut cut_cmd, Duration::from_secs(30));
@@ -465,7 +478,10 @@ fn jaccl_hostfile(c: &Cluster, backend: &str, rdma: &[&str]) -> String {
             format!(r#"{{"ssh": "{a}", "ips": ["{a}"], "rdma": {row}}}"#)
         })
         .collect();
-    format!(r#"{{"backend": "{backend}", "hosts": [{}]}}"#, hosts.join(", "))
+    format!(
+        r#"{{"backend": "{backend}", "hosts": [{}]}}"#,
+        hosts.join(", ")
+    )
 }
 
 #[test]
@@ -661,15 +677,11 @@ fn a_hostfile_of_host_names_connects_across_hosts() {
         Duration::from_secs(60),
     );
     for (code, out, _) in &done {
-        assert!(
-            *code == Some(0) && out.contains("DONE"),
-            "{}",
-            dump(&done)
-        );
+        assert!(*code == Some(0) && out.contains("DONE"), "{}", dump(&done));
     }
 }
 
-/// Runs the ring of `n` hosts, `bytes` per all_sum, pulls host `cut`'s cable once every rank
+/// Runs the ring of `n` hosts, `work` = (iterations, bytes per all_sum), pulls host `cut`'s cable once every rank
 /// is READY and plugs it back after `outage` (never, if `None`); returns the results and the
 /// wall-clock time of the pull.
 fn with_a_pulled_cable(
@@ -677,8 +689,7 @@ fn with_a_pulled_cable(
     name: &str,
     n: usize,
     timeout: Duration,
-    iters: usize,
-    bytes: usize,
+    (iters, bytes): (usize, usize),
     cut: usize,
     outage: Option<Duration>,
 ) -> (Vec<(Option<i32>, String, u128)>, u128) {
@@ -720,16 +731,7 @@ fn a_cable_pulled_during_a_collective_fails_every_rank_by_its_deadline_naming_a_
         return;
     };
     let timeout = Duration::from_secs(5);
-    let (done, pulled) = with_a_pulled_cable(
-        &c,
-        "pulled",
-        4,
-        timeout,
-        100_000,
-        4 << 20,
-        2,
-        None,
-    );
+    let (done, pulled) = with_a_pulled_cable(&c, "pulled", 4, timeout, (100_000, 4 << 20), 2, None);
     for (r, (code, out, ended)) in done.iter().enumerate() {
         assert_eq!(*code, Some(1), "rank {r}\n{}", dump(&done));
         let failed = field(out, "FAILED", "at").unwrap_or_else(|| panic!("{}", dump(&done)));
@@ -771,8 +773,7 @@ fn glitch(c: &Cluster, timeout: Duration, outage: Duration) -> (bool, String) {
         2,
         timeout,
         // Enough all_sums of 1 MiB to outlast the outage at the link's rate.
-        200 + (outage.as_millis() as usize) / 10,
-        1 << 20,
+        (200 + (outage.as_millis() as usize) / 10, 1 << 20),
         1,
         Some(outage),
     );
@@ -792,7 +793,10 @@ fn a_glitch_shorter_than_the_timeout_is_survived() {
     let outage = Duration::from_secs(4);
     let started = Instant::now();
     let (ok, out) = glitch(&c, timeout, outage);
-    assert!(ok, "a {outage:?} outage under a {timeout:?} timeout:\n{out}");
+    assert!(
+        ok,
+        "a {outage:?} outage under a {timeout:?} timeout:\n{out}"
+    );
     eprintln!(
         "MEASURED glitch of {outage:?} (timeout {timeout:?}) survived; the job took {:?}",
         started.elapsed()
@@ -808,9 +812,16 @@ fn the_longest_glitch_survived_is_measured() {
     let Some(c) = cluster::make(2, "1gbit") else {
         return;
     };
+    if let Ok(setting) = std::env::var("NUVEC_CLUSTER_SYSCTL") {
+        // For comparison, a per-namespace setting on every host, such as
+        // `net.ipv4.tcp_rto_max_ms=1000` (the kernel caps the retransmission backoff).
+        let (key, value) = setting.split_once('=').expect("KEY=VALUE");
+        c.sysctl(key, value);
+    }
     let timeout = Duration::from_secs(10);
     let mut longest = None;
-    for secs in [5u64, 6, 7, 8, 9] {
+    let steps = env_or("NUVEC_CLUSTER_OUTAGES", "5,6,7,8,9");
+    for secs in steps.split(',').map(|s| s.parse::<u64>().expect("seconds")) {
         let (ok, _) = glitch(&c, timeout, Duration::from_secs(secs));
         eprintln!("MEASURED glitch of {secs} s under a 10 s timeout: survived {ok}");
         if ok {
@@ -862,7 +873,10 @@ fn a_host_at_a_tenth_of_the_rate_completes_with_no_false_failure() {
             }
         );
     }
-    assert!(took[1] > took[0], "the slow host made no difference: {took:?}");
+    assert!(
+        took[1] > took[0],
+        "the slow host made no difference: {took:?}"
+    );
 }
 
 /// A 3-host ring whose rank 0 starts only once a stranger on host 3 has connected to rank
@@ -887,8 +901,11 @@ fn stranger_during_setup(
     let mut ranks = Vec::new();
     for (rank, &h) in hosts.iter().enumerate() {
         let mut cmd = rank_command("loop");
-        cmd.env("NUVEC_CLUSTER_NODES", serde_json::to_string(&nodes).expect("json"))
-            .env("NUVEC_CLUSTER_RANK", rank.to_string());
+        cmd.env(
+            "NUVEC_CLUSTER_NODES",
+            serde_json::to_string(&nodes).expect("json"),
+        )
+        .env("NUVEC_CLUSTER_RANK", rank.to_string());
         for (k, v) in &env {
             cmd.env(k, v);
         }
@@ -956,13 +973,17 @@ fn a_stranger_from_another_host_during_setup_is_turned_away_with_a_key() {
             .collect();
         eprintln!(
             "MEASURED stranger ({send}) with a key: setup took {setup:?} ms per rank; stranger: {}",
-            stranger.lines().last().unwrap_or("")
+            stranger
+                .lines()
+                .rfind(|l| !l.trim().is_empty())
+                .unwrap_or("")
         );
     }
 }
 
 #[test]
-fn a_stranger_from_another_host_during_setup_without_a_key_fails_setup_by_the_deadline_or_is_harmless() {
+fn a_stranger_from_another_host_during_setup_without_a_key_fails_setup_by_the_deadline_or_is_harmless()
+ {
     let _one = exclusive();
     let Some(c) = cluster::make(4, "1gbit") else {
         return;
@@ -993,7 +1014,10 @@ fn a_stranger_from_another_host_during_setup_without_a_key_fails_setup_by_the_de
             .collect();
         eprintln!(
             "MEASURED stranger ({send}) without a key: {took:?}; {summary:?}; stranger: {}",
-            stranger.lines().last().unwrap_or("")
+            stranger
+                .lines()
+                .rfind(|l| !l.trim().is_empty())
+                .unwrap_or("")
         );
     }
 }
@@ -1010,9 +1034,13 @@ fn a_cluster_is_held_while_the_hold_file_exists() {
     let Ok(hold) = std::env::var("NUVEC_CLUSTER_HOLD") else {
         return;
     };
-    let n = env_or("NUVEC_CLUSTER_HOSTS", "4").parse().expect("a number of hosts");
+    let n = env_or("NUVEC_CLUSTER_HOSTS", "4")
+        .parse()
+        .expect("a number of hosts");
     let rate = env_or("NUVEC_CLUSTER_RATE", "1gbit");
-    let secs = env_or("NUVEC_CLUSTER_HOLD_SECS", "3600").parse().expect("seconds");
+    let secs = env_or("NUVEC_CLUSTER_HOLD_SECS", "3600")
+        .parse()
+        .expect("seconds");
     let c = cluster::make(n, &rate).expect("a cluster");
     std::fs::write(&hold, format!("{}\n", c.dir.display())).expect("write the hold file");
     let deadline = Instant::now() + Duration::from_secs(secs);

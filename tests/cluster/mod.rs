@@ -418,7 +418,9 @@ impl Cluster {
                     break;
                 }
                 if Instant::now() >= deadline {
-                    return Err(format!("sshd of host {i} does not accept logins within 30 s"));
+                    return Err(format!(
+                        "sshd of host {i} does not accept logins within 30 s"
+                    ));
                 }
                 // Polling for the daemon to listen, bounded by the deadline above.
                 std::thread::sleep(Duration::from_millis(50));
@@ -436,7 +438,10 @@ impl Cluster {
         wrapped.arg(
             "mount --bind \"$1\" /etc/hosts && mount --bind \"$2\" /run && shift 2 && exec \"$@\"",
         );
-        wrapped.arg(format!("host{i}")).arg(self.dir.join("hosts")).arg(self.dir.join("run"));
+        wrapped
+            .arg(format!("host{i}"))
+            .arg(self.dir.join("hosts"))
+            .arg(self.dir.join("run"));
         wrapped.arg(cmd.get_program()).args(cmd.get_args());
         for (key, value) in cmd.get_envs() {
             match value {
@@ -487,6 +492,24 @@ impl Cluster {
         must("ip", &["link", "set", &self.hosts[i].outer, "up"]);
     }
 
+    /// Sets the sysctl `key` (a per-namespace one, such as `net.ipv4.tcp_rto_max_ms`) to
+    /// `value` on every host.
+    pub fn sysctl(&self, key: &str, value: &str) {
+        for h in &self.hosts {
+            must(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    &h.ns,
+                    "sysctl",
+                    "-qw",
+                    &format!("{key}={value}"),
+                ],
+            );
+        }
+    }
+
     /// Reshapes host `i`'s NIC to `rate` in both directions.
     pub fn set_rate(&self, i: usize, rate: &str) {
         if let Err(e) = self.shape(i, rate, "change") {
@@ -505,6 +528,9 @@ impl Drop for Cluster {
         }
         for h in &self.hosts {
             kill_namespace(&h.ns);
+            // Deleting one end removes the pair at once; a namespace's own cleanup runs later,
+            // in the kernel's time, and would leave the names taken meanwhile.
+            let _ = sh("ip", &["link", "del", &h.outer]);
             let _ = sh("ip", &["netns", "del", &h.ns]);
         }
         let _ = sh("ip", &["link", "del", &self.bridge]);
