@@ -43,11 +43,13 @@ use std::time::{Duration, Instant};
 /// The port every host's sshd listens on (on the host's own address).
 pub const SSH_PORT: u16 = 22;
 
-/// A host's rate and the shaper's bucket: `tbf` needs a burst of at least the rate over the
-/// kernel's timer frequency, and a segmentation-offloaded packet (up to 64 KiB) must fit.
+/// A host's rate and the shaper's bucket and queue: a burst of 128 KiB (a millisecond at
+/// 1 Gbit/s; smaller buckets than two offloaded 64 KiB packets cost a fifth of the rate here,
+/// larger ones let a short transfer after an idle moment run faster than the link) and at most
+/// 20 ms of queue (a switch's buffer, about 2.5 MB at 1 Gbit/s).
 fn tbf_args(rate: &str) -> Vec<String> {
     [
-        "rate", rate, "burst", "256kb", "latency", "50ms", "mpu", "64",
+        "rate", rate, "burst", "128kb", "latency", "20ms", "mpu", "64",
     ]
     .map(str::to_owned)
     .to_vec()
