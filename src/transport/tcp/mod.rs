@@ -514,4 +514,28 @@ mod tests {
             );
         }
     }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn every_connection_of_a_fabric_caps_its_retransmission_backoff_on_linux() {
+        // A glitch shorter than the timeout must not outlast it waiting for a retry.
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let opened = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        let (accepted, _) = listener.accept().expect("accept");
+        let fabric = TcpFabric::from_streams(0, vec![vec![], vec![opened, accepted]])
+            .expect("a fabric over two streams");
+        for link in &fabric.links[1] {
+            let socket = socket2::SockRef::from(&link.stream);
+            assert!(
+                socket
+                    .tcp_thin_linear_timeouts()
+                    .expect("TCP_THIN_LINEAR_TIMEOUTS"),
+                "a link without linear timeouts for thin streams"
+            );
+            // Kernels before 6.15 have no cap to set.
+            if let Some(ms) = connect::retransmission_backoff_cap(&link.stream) {
+                assert_eq!(ms, 1000, "the retransmission backoff cap");
+            }
+        }
+    }
 }

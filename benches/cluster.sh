@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# The ring against the link: on a cluster of hosts on this machine (tests/cluster/mod.rs:
+# network namespaces on a bridge, every NIC shaped to RATE in both directions, an sshd per
+# host), the link's rate measured with one TCP stream between two hosts (iperf3), then busbw of
+# float32 all_sum for 2 and 4 hosts, one rank per host, every job started by nuvec-launch
+# --hosts over ssh from host 0 with MLX's launch environment, MLX 0.32.4's ring, nuvec-distributed
+# 0.5.0 and this checkout side by side in the same run (benches/compare.sh's programs and
+# timing: p50 over iterations after a barrier, the best p50 of REPS runs).
+#
+#   sudo bash benches/cluster.sh                              # 4K..64M, 2 and 4 hosts, 1gbit
+#   RATE=4gbit RANKS=2 REPS=3 SIZES=1M,16M sudo bash benches/cluster.sh
+#
+# Needs root, iproute2, openssh-server, iperf3 and the MLX venv (.ci/setup-venv; without it
+# the mlx column is skipped). Not run in CI. Columns:
+#   mlx      MLX 0.32.4 (.venv), benches/mlx_allsum.py
+#   0.5.0    nuvec-distributed 0.5.0, benches/upstream --impl upstream
+#   arrays   this checkout through the same nuvec_core API, benches/upstream --impl local
+#   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce.rs)
+# busbw = bytes * 2 (n - 1) / n / p50, shown in Gbit/s and as a percentage of the link's
+# measured TCP goodput. Output of every job in target/cluster-bench/; the table also goes to
+# target/cluster-bench/table.md and a plot to target/cluster-bench/busbw.svg.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+SIZES="${SIZES:-4K,64K,1M,16M,64M}"
+RANKS="${RANKS:-2 4}"
+REPS="${REPS:-2}"
+RATE="${RATE:-1gbit}"
+PYTHON="$ROOT/.venv/bin/python"
+OUT="$ROOT/target/cluster-bench"
+mkdir -p "$OUT"
+rm -f "$OUT"/*.log
+command -v iperf3 >/dev/null || { echo "needs iperf3 (apt-get install iperf3)" >&2; exit 2; }
+
+echo "== building (release)" >&2
+artifact() { # artifact NAME: the executable of cargo's JSON messages on stdin named NAME
+  python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$1"
+}
+BENCH="$(cargo bench --ignore-rust-version --bench allreduce --no-run --message-format=json 2>/dev/null | artifact allreduce)"
+HARNESS="$(cargo test --ignore-rust-version --test cluster --no-run --message-format=json 2>/dev/null | artifact cluster)"
+[ -x "$BENCH" ] && [ -x "$HARNESS" ] || { echo "could not build the bench or the cluster harness" >&2; exit 1; }
+(cd benches/upstream && cargo build --release --ignore-rust-version --features local \
+  --target-dir "$ROOT/target/upstream-bench" >&2)
+UPSTREAM="$ROOT/target/upstream-bench/release/nuvec-upstream-bench"
+cargo build --release --ignore-rust-version --bin nuvec-launch >&2
+LAUNCH="$ROOT/target/release/nuvec-launch"
+HAVE_MLX=1
+[ -x "$PYTHON" ] || { echo "no MLX venv (.ci/setup-venv): the mlx column is skipped" >&2; HAVE_MLX=0; }
+
+# The cluster: held by the harness while the hold file exists (removed on exit, however the
+# script ends; the harness then removes namespaces, bridge and sshds).
+MAXN=0
+for n in $RANKS; do (( n > MAXN )) && MAXN=$n; done
+(( MAXN >= 2 )) || MAXN=2
+HOLD="$OUT/hold"
+rm -f "$HOLD"
+touch "$HOLD"
+NUVEC_CLUSTER_HOLD="$HOLD" NUVEC_CLUSTER_HOSTS="$MAXN" NUVEC_CLUSTER_RATE="$RATE" \
+  NUVEC_CLUSTER_HOLD_SECS=3600 "$HARNESS" a_cluster_is_held_while_the_hold_file_exists \
+  --exact --ignored --nocapture >"$OUT/harness.log" 2>&1 &
+HOLDER=$!
+cleanup() { rm -f "$HOLD"; wait "$HOLDER" 2>/dev/null || true; }
+trap cleanup EXIT
+for _ in $(seq 300); do
+  [ -s "$HOLD" ] && break
+  kill -0 "$HOLDER" 2>/dev/null || { cat "$OUT/harness.log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -s "$HOLD" ] || { echo "the cluster did not come up" >&2; exit 1; }
+CDIR="$(cat "$HOLD")"
+ON="$CDIR/bin/on"
+export PATH="$CDIR/bin:$PATH"
+addr() { echo "198.18.0.$(( $1 + 1 ))"; }
+echo "== cluster of $MAXN hosts at $RATE in $CDIR" >&2
+
+echo "== the link: one TCP stream from host 0 to host 1 (iperf3, 5 s)" >&2
+"$ON" 1 iperf3 -s -B "$(addr 1)" -1 >"$OUT/iperf3-server.log" 2>&1 &
+SERVER=$!
+LINK=""
+for _ in $(seq 50); do
+  "$ON" 0 iperf3 -c "$(addr 1)" -t 5 -J >"$OUT/iperf3.json" 2>/dev/null || true
+  LINK="$(python3 -c 'import json,sys
+r = json.load(open(sys.argv[1]))
+print("" if "error" in r else r["end"]["sum_received"]["bits_per_second"])' "$OUT/iperf3.json" || true)"
+  [ -n "$LINK" ] && break
+  sleep 0.1 # the server is not listening yet
+done
+wait "$SERVER" 2>/dev/null || true
+[ -n "$LINK" ] || { echo "iperf3 failed" >&2; exit 1; }
+echo "   link: $(python3 -c "print(f'{$LINK / 1e9:.3f}')") Gbit/s" >&2
+
+# launch NAME N REP CMD...: a job of N hosts under nuvec-launch --hosts, started on host 0.
+launch() {
+  local name="$1" n="$2" rep="$3"
+  shift 3
+  local hosts="" i
+  for (( i = 0; i < n; i++ )); do hosts+="${hosts:+,}$(addr "$i")"; done
+  local log="$OUT/$name-$n-$rep.log"
+  echo "== $name, $n hosts (run $rep)" >&2
+  if ! timeout 900 "$ON" 0 "$LAUNCH" --hosts "$hosts" --backend ring -p 5000 -- "$@" \
+      >"$log" 2>&1 </dev/null; then
+    echo "   failed (see $log)" >&2
+  fi
+  grep -E "ROW|^\[rank 0\] +[0-9]" "$log" >&2 || true
+}
+
+for n in $RANKS; do
+  for rep in $(seq 1 "$REPS"); do
+    if [ "$HAVE_MLX" = 1 ]; then
+      launch mlx "$n" "$rep" "$PYTHON" "$ROOT/benches/mlx_allsum.py" --sizes "$SIZES"
+    fi
+    launch upstream "$n" "$rep" "$UPSTREAM" --impl upstream --sizes "$SIZES"
+    launch arrays "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+    launch raw "$n" "$rep" "$BENCH" --sizes "$SIZES" --no-wire
+  done
+done
+
+python3 - "$OUT" "$RANKS" "$SIZES" "$LINK" "$RATE" <<'PY'
+import glob, os, re, sys
+
+out, ranks, sizes, link, rate = sys.argv[1], sys.argv[2].split(), sys.argv[3], float(sys.argv[4]), sys.argv[5]
+
+def parse_bytes(s):
+    shift = {"K": 10, "M": 20, "G": 30}.get(s[-1:].upper(), 0)
+    return int(s[:-1] if shift else s) << shift
+
+best = {}  # (column, ranks, bytes) -> (p50 µs, check)
+
+def keep(col, n, b, p50, check):
+    key = (col, n, b)
+    if key not in best or p50 < best[key][0]:
+        best[key] = (p50, check)
+
+for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
+    name, n, _ = os.path.basename(path)[:-4].rsplit("-", 2)
+    n = int(n)
+    section = None
+    for line in open(path, errors="replace"):
+        line = re.sub(r"^\[rank \d+\] ", "", line)
+        f = line.split()
+        if f[:1] == ["ROW"] and len(f) == 7:
+            col = {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[f[1]]
+            keep(col, n, int(f[3]), float(f[4]), f[6])
+        elif name == "raw":
+            if "elements" in line and "p50" in line:
+                section = "raw"
+            elif line.startswith("#"):
+                section = None if line.startswith("# wire") else section
+            elif section == "raw" and len(f) >= 10 and f[0].isdigit():
+                keep("raw", n, int(f[0]), float(f[3]), f[8])
+
+cols = ["mlx", "0.5.0", "arrays", "raw"]
+
+def busbw(col, n, b):
+    v = best.get((col, n, b))
+    return b / (v[0] * 1e-6) * 8 * 2 * (n - 1) / n if v else None
+
+def label(b):
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+
+lines = [
+    f"Link: one TCP stream between two hosts (iperf3) {link / 1e9:.3f} Gbit/s (NICs shaped to {rate}).",
+    "busbw of float32 all_sum in Gbit/s and as % of that link (best p50 of the runs):",
+    "",
+    "| hosts | size | " + " | ".join(cols) + " |",
+    "|---|---|" + "---|" * len(cols),
+]
+series = {}
+for n in map(int, ranks):
+    for s in sizes.split(","):
+        b = parse_bytes(s) // 4 * 4
+        cells = []
+        for c in cols:
+            bw = busbw(c, n, b)
+            check = best.get((c, n, b), (0, "-"))[1]
+            if bw is None:
+                cells.append("-")
+            else:
+                series.setdefault((c, n), []).append((b, bw))
+                bad = "" if check in ("ok", "-") else f" {check}"
+                cells.append(f"{bw / 1e9:.3f} ({100 * bw / link:.0f} %){bad}")
+        lines.append(f"| {n} | {label(b)} | " + " | ".join(cells) + " |")
+text = "\n".join(lines)
+print()
+print(text)
+open(os.path.join(out, "table.md"), "w").write(text + "\n")
+
+# The plot: busbw against size, one line per column and host count (solid 4 hosts, dashed 2),
+# the link as a grey line.
+import math
+W, H, L, R, T, B = 720, 420, 70, 170, 40, 60
+xs = [b for (_, _), pts in series.items() for b, _ in pts]
+if xs:
+    x0, x1 = math.log2(min(xs)), math.log2(max(xs))
+    ymax = max(link, max(bw for pts in series.values() for _, bw in pts)) * 1.1
+    px = lambda b: L + (math.log2(b) - x0) / max(x1 - x0, 1) * (W - L - R)
+    py = lambda v: T + (1 - v / ymax) * (H - T - B)
+    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "raw": "#2ca02c"}
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="{L}" y="20" font-size="14">all_sum float32 busbw on a cluster of namespaces, NICs at {rate}</text>']
+    for i in range(6):
+        v = ymax * i / 5
+        svg.append(f'<line x1="{L}" y1="{py(v):.1f}" x2="{W - R}" y2="{py(v):.1f}" stroke="#eee"/>')
+        svg.append(f'<text x="{L - 8}" y="{py(v) + 4:.1f}" text-anchor="end">{v / 1e9:.2f}</text>')
+    for b in sorted(set(xs)):
+        svg.append(f'<text x="{px(b):.1f}" y="{H - B + 18}" text-anchor="middle">{label(b)}</text>')
+    svg.append(f'<text x="20" y="{T + (H - T - B) / 2}" transform="rotate(-90 20 {T + (H - T - B) / 2})" text-anchor="middle">busbw, Gbit/s</text>')
+    svg.append(f'<line x1="{L}" y1="{py(link):.1f}" x2="{W - R}" y2="{py(link):.1f}" stroke="#888" stroke-dasharray="2,3"/>')
+    svg.append(f'<text x="{W - R + 6}" y="{py(link) + 4:.1f}" fill="#888">link (iperf3)</text>')
+    k = 0
+    for (c, n), pts in sorted(series.items(), key=lambda kv: (-kv[0][1], cols.index(kv[0][0]))):
+        pts.sort()
+        d = " ".join(f"{px(b):.1f},{py(v):.1f}" for b, v in pts)
+        dash = "" if n == max(map(int, ranks)) else ' stroke-dasharray="6,4"'
+        svg.append(f'<polyline fill="none" stroke="{colour[c]}" stroke-width="2"{dash} points="{d}"/>')
+        y = T + 10 + 16 * k
+        svg.append(f'<line x1="{W - R + 6}" y1="{y}" x2="{W - R + 30}" y2="{y}" stroke="{colour[c]}" stroke-width="2"{dash}/>')
+        svg.append(f'<text x="{W - R + 34}" y="{y + 4}">{c}, {n} hosts</text>')
+        k += 1
+    svg.append("</svg>")
+    open(os.path.join(out, "busbw.svg"), "w").write("\n".join(svg) + "\n")
+PY
