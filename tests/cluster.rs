@@ -11,6 +11,10 @@
 
 #[path = "cluster/mod.rs"]
 mod cluster;
+#[path = "common/built.rs"]
+mod built;
+#[path = "common/launcher.rs"]
+mod launcher;
 #[path = "common/procs.rs"]
 mod procs;
 
@@ -26,7 +30,6 @@ use cluster::Cluster;
 use nuvec_core::{array, distributed, ops};
 use nuvec_distributed::{Options, connect_ring};
 
-const LAUNCH: &str = env!("CARGO_BIN_EXE_nuvec-launch");
 /// The test a rank of a cluster job runs (this binary again).
 const RANK_TEST: &str = "a_cluster_rank_runs_its_role";
 /// What a rank does (see [`a_cluster_rank_runs_its_role`]).
@@ -391,7 +394,7 @@ fn rings_of_two_to_four_hosts_with_one_and_two_connections_run_under_both_launch
     let Some(c) = cluster::make(4, "1gbit") else {
         return;
     };
-    let mut launchers = vec![PathBuf::from(LAUNCH)];
+    let mut launchers = vec![launcher::nuvec_launch().to_path_buf()];
     if let Some(bin) = venv_bin() {
         launchers.push(bin.join("mlx.launch"));
     }
@@ -446,7 +449,7 @@ s = mx.distributed.all_sum(mx.array([float(g.rank()), 1.0]))
 print(f'RESULT rank={{g.rank()}} size={{g.size()}} sum={{[float(v) for v in s.tolist()]}}', flush=True)\"
 else exec {rust}; fi"
     );
-    for program in [bin.join("mlx.launch"), PathBuf::from(LAUNCH)] {
+    for program in [bin.join("mlx.launch"), launcher::nuvec_launch().to_path_buf()] {
         let mut args = strings(&[
             "--hosts",
             &c.host_list(&[0, 1, 2, 3]),
@@ -501,7 +504,7 @@ fn jaccl_mesh_and_ring_over_tcp_run_across_hosts() {
         r#"[null, "rdma_en2", null, "rdma_en3"]"#,
         r#"["rdma_en4", null, "rdma_en3", null]"#,
     ];
-    let mut launchers = vec![PathBuf::from(LAUNCH)];
+    let mut launchers = vec![launcher::nuvec_launch().to_path_buf()];
     if let Some(bin) = venv_bin() {
         launchers.push(bin.join("mlx.launch"));
     }
