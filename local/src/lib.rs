@@ -400,6 +400,24 @@ pub fn write_hostfile(dir: &Path, nodes: &[Vec<String>]) -> Result<PathBuf, Erro
 mod tests {
     use super::*;
 
+    /// A scratch directory removed at the end of a test (with this process's, once empty).
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Self {
+            Dir(scratch(name).expect("scratch"))
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+            if let Some(parent) = self.0.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+        }
+    }
+
     /// A command of the shell running `script`.
     fn sh(script: &str) -> Command {
         let mut command = Command::new("sh");
@@ -409,22 +427,22 @@ mod tests {
 
     #[test]
     fn every_rank_s_output_is_kept_and_returned() {
-        let dir = scratch("unit-output").expect("scratch");
-        let finished = Job::new(&dir, vec![sh("echo zero"), sh("echo one >&2")])
+        let dir = Dir::new("unit-output");
+        let finished = Job::new(&dir.0, vec![sh("echo zero"), sh("echo one >&2")])
             .run()
             .expect("run");
         assert_eq!(finished[0].code, Some(0));
         assert_eq!(finished[0].output, "zero\n");
         assert_eq!(finished[1].output, "one\n");
-        assert!(dir.join("rank1.log").exists());
+        assert!(dir.0.join("rank1.log").exists());
         assert!(check(&finished).is_ok());
     }
 
     #[test]
     fn a_failing_rank_stops_the_others() {
-        let dir = scratch("unit-failure").expect("scratch");
+        let dir = Dir::new("unit-failure");
         let started = Instant::now();
-        let finished = Job::new(&dir, vec![sh("echo broken; exit 3"), sh("sleep 30")])
+        let finished = Job::new(&dir.0, vec![sh("echo broken; exit 3"), sh("sleep 30")])
             .timeout(Duration::from_secs(20))
             .run()
             .expect("run");
@@ -438,8 +456,8 @@ mod tests {
 
     #[test]
     fn each_rank_runs_to_its_end_when_failures_do_not_stop_the_others() {
-        let dir = scratch("unit-each").expect("scratch");
-        let finished = Job::new(&dir, vec![sh("exit 1"), sh("sleep 0.2; echo done")])
+        let dir = Dir::new("unit-each");
+        let finished = Job::new(&dir.0, vec![sh("exit 1"), sh("sleep 0.2; echo done")])
             .until(Until::Each)
             .run()
             .expect("run");
@@ -450,9 +468,9 @@ mod tests {
 
     #[test]
     fn the_timeout_kills_every_rank_still_running() {
-        let dir = scratch("unit-timeout").expect("scratch");
+        let dir = Dir::new("unit-timeout");
         let started = Instant::now();
-        let finished = Job::new(&dir, vec![sh("sleep 30")])
+        let finished = Job::new(&dir.0, vec![sh("sleep 30")])
             .timeout(Duration::from_millis(200))
             .run()
             .expect("run");
@@ -462,8 +480,8 @@ mod tests {
 
     #[test]
     fn a_ring_s_hostfile_lists_distinct_loopback_ports_for_every_rank() {
-        let dir = scratch("unit-ring").expect("scratch");
-        let job = Job::new(&dir, vec![sh("true"), sh("true"), sh("true")])
+        let dir = Dir::new("unit-ring");
+        let job = Job::new(&dir.0, vec![sh("true"), sh("true"), sh("true")])
             .ring(2)
             .expect("ring");
         let path = job.hostfile().expect("a hostfile");
