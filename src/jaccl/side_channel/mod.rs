@@ -53,8 +53,8 @@
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
 use crate::config::hostfile;
+use crate::error::Error;
 use crate::limits;
 
 pub mod protocol;
