@@ -31,6 +31,11 @@
 //! what a user copies, its `-n` launcher the equivalent of running it under `nuvec-launch`. It
 //! writes its hostfiles with the library's own writer (`nuvec_distributed::hostfile`), so a
 //! job reads back exactly what MLX's launcher would give it.
+//!
+//! Nor is it `nuvec-launch` (`launch/`) as a library: that is a binary for users' programs,
+//! local or over ssh, with MLX's options and environment and rank-prefixed output lines; what
+//! the workspace's programs need is a call that returns each rank's status and output, and
+//! the tests' policies of when to stop ([`Until`]).
 
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
