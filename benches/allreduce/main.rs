@@ -62,6 +62,12 @@
 //! ring's traffic, a reference rather than the same messages. The **ping-pong** row is a
 //! round trip of `--pingpong` bytes between ranks 0 and 1 over one of those sockets; the same
 //! round trip over the communicator (`try_send`/`try_recv`) is printed beside it.
+//!
+//! The files, one job each: `args.rs` (the command line), `launch.rs` (local ranks, through the
+//! workspace's one local launcher, `nuvec-local`), this file (the entry, and one rank over TCP:
+//! joining the job, the wire, the tables), `measure.rs` (the timed loop on any communicator),
+//! `data.rs` (inputs and checks), `wire.rs` (the wire), `report.rs` (the printed tables, which
+//! `benches/compare.sh` and `benches/plot.py` parse) and `sim.rs` (`--fabric sim`).
 
 mod args;
 mod data;
@@ -89,9 +95,13 @@ use crate::wire::Wire;
 /// Errors of every kind, sendable between threads (the simulator's ranks are threads).
 type Result<T> = std::result::Result<T, Box<dyn StdError + Send + Sync>>;
 
-/// Runs the simulation, one rank, or the launcher of local ranks; exits 2 on a bad command
-/// line and 1 on a failure.
+/// Runs the simulation, one rank, or the launcher of local ranks; prints the synopsis and
+/// exits 0 on `-h`/`--help`, exits 2 on a bad command line and 1 on a failure.
 fn main() {
+    if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
+        println!("{}", args::USAGE);
+        return;
+    }
     let args = match Args::parse(std::env::args().skip(1)) {
         Ok(args) => args,
         Err(e) => {
