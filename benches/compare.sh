@@ -20,8 +20,8 @@
 #   mlx        MLX 0.32.4 (.venv), benches/mlx_allsum.py: mx.distributed.all_sum on arrays
 #   0.5.0      nuvec-distributed 0.5.0 from crates.io, benches/upstream: nuvec_core's all_sum
 #   arrays     this checkout through the same nuvec_core array API (benches/upstream --impl local)
-#   raw        this checkout's RingCommunicator::try_all_reduce in place (benches/allreduce.rs)
-#   wire       the same ring pattern over blocking std sockets, no reduction (benches/allreduce.rs)
+#   raw        this checkout's RingCommunicator::try_all_reduce in place (benches/allreduce/)
+#   wire       the same ring pattern over blocking std sockets, no reduction (benches/allreduce/)
 # The array columns (mlx, 0.5.0, arrays) include making the output array; raw and wire do not.
 # Ratios are times: "0.5.0/arrays" = how many times faster this checkout is than 0.5.0 through
 # the same API (> 1: faster). With REPS > 1 every job runs REPS times and the best p50 is kept
@@ -50,7 +50,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "allreduce" and m.get("executable"):
         print(m["executable"])')"
-[ -x "$BENCH" ] || { echo "could not build benches/allreduce.rs" >&2; exit 1; }
+[ -x "$BENCH" ] || { echo "could not build benches/allreduce/" >&2; exit 1; }
 (cd benches/upstream && cargo build --release --ignore-rust-version --features local \
   --target-dir "$ROOT/target/upstream-bench" >&2)
 UPSTREAM="$ROOT/target/upstream-bench/release/nuvec-upstream-bench"
@@ -63,7 +63,7 @@ esac
 HAVE_MLX=1
 if [ ! -x "$MLX_LAUNCH" ]; then
   echo "no MLX venv at .venv (run .ci/setup-venv): the mlx column is skipped, and ranks are" >&2
-  echo "started by benches/allreduce.rs's own spawner for the raw/wire columns only" >&2
+  echo "started by the allreduce bench itself (nuvec-local) for the raw/wire columns only" >&2
   HAVE_MLX=0
 fi
 echo "== launcher: $LAUNCH" >&2

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""MLX's ring all_sum of float32, timed as benches/allreduce.rs times this crate's.
+"""MLX's ring all_sum of float32, timed as benches/allreduce/ times this crate's.
 
     mlx.launch -n 2 --backend ring -- .venv/bin/python benches/mlx_allsum.py --sizes 4K,1M,16M
 
@@ -16,7 +16,7 @@ Rank 0 prints one line per size::
 
 MLX's all_sum returns a new array: its time includes making the output (as nuvec's
 ``distributed::all_sum`` on arrays does), unlike the in-place raw-byte API that
-benches/allreduce.rs times.
+benches/allreduce/ times.
 """
 
 import argparse

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws busbw against size from runs of benches/allreduce.rs, as an SVG (standard library only).
+"""Draws busbw against size from runs of benches/allreduce/, as an SVG (standard library only).
 
     cargo bench --ignore-rust-version --bench allreduce -- --ranks 2 --sizes 4K..64M > r2.txt
     cargo bench --ignore-rust-version --bench allreduce -- --ranks 4 --sizes 4K..64M > r4.txt

@@ -6,9 +6,10 @@
 //! growing float32 arrays; rank 0 prints the results and the bandwidth. Under `mlx.launch`
 //! (which sets `MLX_HOSTFILE` and `MLX_RANK`) the same binary runs as one rank:
 //! `mlx.launch -n 4 target/release/examples/all_sum`.
+//!
+//! The local ranks are started by this workspace's `nuvec-local` (a dev-dependency, not
+//! published): in a program of your own, run it under `nuvec-launch -n 4` instead.
 
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nuvec_core::{Array, array, distributed, ops};
@@ -43,59 +44,19 @@ fn main() -> Result<()> {
     launch(ranks.max(1), conns.max(1), max_bytes)
 }
 
-/// Starts `ranks` copies of this program as the ranks of a local ring and waits for them.
+/// Starts `ranks` copies of this program as the ranks of a local ring and waits for them
+/// (bounded; a failing rank stops the others and its output is printed).
 fn launch(ranks: usize, conns: usize, max_bytes: usize) -> Result<()> {
-    // Free loopback ports: bind port 0, note the port, release it.
-    let mut nodes = Vec::new();
-    {
-        let listeners: Vec<Vec<TcpListener>> = (0..ranks)
-            .map(|_| {
-                (0..conns)
-                    .map(|_| TcpListener::bind("127.0.0.1:0"))
-                    .collect()
-            })
-            .collect::<std::io::Result<_>>()?;
-        for row in &listeners {
-            nodes.push(
-                row.iter()
-                    .map(|l| l.local_addr().map(|a| a.to_string()))
-                    .collect::<std::io::Result<Vec<_>>>()?,
-            );
-        }
+    // Free loopback ports in a hostfile, MLX_HOSTFILE and MLX_RANK on every rank: what
+    // `nuvec-launch -n 4 -- target/release/examples/all_sum` does.
+    let job = nuvec_local::Job::this_program("all-sum", ranks)?.ring(conns)?;
+    if let Some(hostfile) = job.hostfile() {
+        println!(
+            "{ranks} ranks, {conns} connection(s) per neighbour, hostfile {}",
+            hostfile.display()
+        );
     }
-    let hostfile = std::env::temp_dir().join(format!("nuvec-all-sum-{}.json", std::process::id()));
-    std::fs::write(&hostfile, nuvec_distributed::hostfile::write(&nodes))?;
-    println!(
-        "{ranks} ranks, {conns} connection(s) per neighbour, hostfile {}",
-        hostfile.display()
-    );
-    let exe = std::env::current_exe()?;
-    let mut children = (0..ranks)
-        .map(|r| {
-            Command::new(&exe)
-                .env("MLX_HOSTFILE", &hostfile)
-                .env("MLX_RANK", r.to_string())
-                .env(MAX_BYTES, max_bytes.to_string())
-                .stdout(if r == 0 {
-                    Stdio::inherit()
-                } else {
-                    Stdio::null()
-                })
-                .spawn()
-        })
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let mut failed = false;
-    for (r, child) in children.iter_mut().enumerate() {
-        let status = child.wait()?;
-        if !status.success() {
-            eprintln!("rank {r} exited with {status}");
-            failed = true;
-        }
-    }
-    let _ = std::fs::remove_file(&hostfile);
-    if failed {
-        return Err("a rank failed".into());
-    }
+    job.env(MAX_BYTES, max_bytes.to_string()).run_ok()?;
     Ok(())
 }
 

@@ -6,9 +6,9 @@
 //! ranks over TCP; rank 0 prints the loss. Under `mlx.launch` or `nuvec-launch` the binary runs
 //! as one rank. The model is a linear regression y = x·w + b on synthetic data whose true
 //! weights are known, so the loss must fall towards the noise level.
-
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
+//!
+//! The local ranks are started by this workspace's `nuvec-local` (a dev-dependency, not
+//! published): in a program of your own, run it under `nuvec-launch -n 4` instead.
 
 use nuvec_core::{Array, DType, distributed, random, value_and_grad};
 
@@ -31,43 +31,11 @@ fn main() -> Result<()> {
             other => return Err(format!("unknown argument {other:?} (usage: -n RANKS)").into()),
         }
     }
-    let nodes: Vec<Vec<String>> = {
-        let listeners = (0..ranks.max(1))
-            .map(|_| TcpListener::bind("127.0.0.1:0"))
-            .collect::<std::io::Result<Vec<_>>>()?;
-        listeners
-            .iter()
-            .map(|l| l.local_addr().map(|a| vec![a.to_string()]))
-            .collect::<std::io::Result<_>>()?
-    };
-    let hostfile = std::env::temp_dir().join(format!("nuvec-dp-{}.json", std::process::id()));
-    std::fs::write(&hostfile, nuvec_distributed::hostfile::write(&nodes))?;
-    let exe = std::env::current_exe()?;
-    let mut children = (0..nodes.len())
-        .map(|r| {
-            Command::new(&exe)
-                .env("MLX_HOSTFILE", &hostfile)
-                .env("MLX_RANK", r.to_string())
-                .stdout(if r == 0 {
-                    Stdio::inherit()
-                } else {
-                    Stdio::null()
-                })
-                .spawn()
-        })
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let mut failed = false;
-    for (r, child) in children.iter_mut().enumerate() {
-        let status = child.wait()?;
-        if !status.success() {
-            eprintln!("rank {r} exited with {status}");
-            failed = true;
-        }
-    }
-    let _ = std::fs::remove_file(&hostfile);
-    if failed {
-        return Err("a rank failed".into());
-    }
+    // Free loopback ports in a hostfile, MLX_HOSTFILE and MLX_RANK on every rank, rank 0's
+    // output shown, the wait bounded: what `nuvec-launch -n 4 -- <this example>` does.
+    nuvec_local::Job::this_program("data-parallel", ranks.max(1))?
+        .ring(1)?
+        .run_ok()?;
     Ok(())
 }
 

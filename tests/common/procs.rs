@@ -1,22 +1,19 @@
 //! Multi-process jobs for tests: spawn one process per rank, wait with a bound, kill all on
-//! the first failure, and report every rank's output.
+//! the first failure, and report every rank's output. A thin layer over the workspace's one
+//! local launcher (`nuvec-local`): what is the tests' own is re-running this test binary as a
+//! rank (`this_test`, `is_child`), one job at a time (`exclusive`), and panicking with every
+//! rank's output.
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+pub use nuvec_local::Finished;
+use nuvec_local::{Job, Until};
 
 /// The environment variable that makes a test binary act as one rank of a job.
 pub const CHILD: &str = "NUVEC_TEST_CHILD";
-
-/// One finished rank.
-#[derive(Debug)]
-pub struct Finished {
-    /// Its exit status (`None` if it was killed).
-    pub code: Option<i32>,
-    /// Its standard output and error, merged.
-    pub output: String,
-}
 
 /// Holds every other job of this test binary off while one runs: the machines have two cores,
 /// and jobs of several processes each would otherwise compete for them.
@@ -26,22 +23,14 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A scratch directory under the target directory, fresh for this name.
+/// A scratch directory of this test process, fresh for this name.
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir()
-        .join(format!("nuvec-dist-tests-{}", std::process::id()))
-        .join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create a scratch directory");
-    dir
+    nuvec_local::scratch(name).expect("create a scratch directory")
 }
 
 /// Writes MLX's ring hostfile for `nodes` into `dir` and returns its path.
 pub fn write_hostfile(dir: &Path, nodes: &[Vec<String>]) -> PathBuf {
-    let path = dir.join("hostfile.json");
-    let text = serde_json::to_string(nodes).expect("hostfile json");
-    std::fs::write(&path, text + "\n").expect("write the hostfile");
-    path
+    nuvec_local::write_hostfile(dir, nodes).expect("write the hostfile")
 }
 
 /// A command that re-runs this test binary as a child running only `test`.
@@ -61,7 +50,7 @@ pub fn is_child(test: &str) -> bool {
 /// exit, one fails (then the others are killed), or `timeout` passes (then all are killed).
 /// Returns every rank's status and output.
 pub fn run_all(dir: &Path, commands: Vec<Command>, timeout: Duration) -> Vec<Finished> {
-    run(dir, commands, timeout, true, None)
+    run(dir, commands, timeout, Until::FirstFailure)
 }
 
 /// As [`run_all`], but waits only until the ranks in `ranks` have exited (whatever their
@@ -72,77 +61,22 @@ pub fn run_until(
     timeout: Duration,
     ranks: &[usize],
 ) -> Vec<Finished> {
-    run(dir, commands, timeout, false, Some(ranks))
+    run(dir, commands, timeout, Until::Exited(ranks.to_vec()))
 }
 
 /// As [`run_all`], but a failing rank does not stop the others: each runs to its end (or the
 /// timeout).
 pub fn run_each(dir: &Path, commands: Vec<Command>, timeout: Duration) -> Vec<Finished> {
-    run(dir, commands, timeout, false, None)
+    run(dir, commands, timeout, Until::Each)
 }
 
-fn run(
-    dir: &Path,
-    commands: Vec<Command>,
-    timeout: Duration,
-    stop_on_failure: bool,
-    until: Option<&[usize]>,
-) -> Vec<Finished> {
-    let mut children: Vec<(Child, PathBuf)> = commands
-        .into_iter()
-        .enumerate()
-        .map(|(r, mut cmd)| {
-            let log = dir.join(format!("rank{r}.log"));
-            let file = std::fs::File::create(&log).expect("rank log");
-            let err = file.try_clone().expect("rank log");
-            let child = cmd
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(file))
-                .stderr(Stdio::from(err))
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawning rank {r}: {e}"));
-            (child, log)
-        })
-        .collect();
-    let deadline = Instant::now() + timeout;
-    let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
-    loop {
-        for (i, (child, _)) in children.iter_mut().enumerate() {
-            if codes[i].is_none()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                codes[i] = Some(status.code());
-            }
-        }
-        let failed = stop_on_failure
-            && codes
-                .iter()
-                .any(|c| matches!(c, Some(code) if *code != Some(0)));
-        let enough = until.is_some_and(|ranks| ranks.iter().all(|&r| codes[r].is_some()));
-        if codes.iter().all(Option::is_some) || failed || enough || Instant::now() >= deadline {
-            break;
-        }
-        // Polling the children's status: std has no wait-with-timeout for a set of children.
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    children
-        .into_iter()
-        .zip(codes)
-        .map(|((mut child, log), code)| {
-            let code = match code {
-                Some(code) => code,
-                None => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    None
-                }
-            };
-            Finished {
-                code,
-                output: std::fs::read_to_string(log).unwrap_or_default(),
-            }
-        })
-        .collect()
+/// The job of `commands` in `dir`, through the workspace's one local launcher.
+fn run(dir: &Path, commands: Vec<Command>, timeout: Duration, until: Until) -> Vec<Finished> {
+    Job::new(dir, commands)
+        .timeout(timeout)
+        .until(until)
+        .run()
+        .unwrap_or_else(|e| panic!("running a job of local ranks: {e}"))
 }
 
 /// Panics with every rank's output unless all exited with 0.

@@ -1,4 +1,4 @@
-//! nuvec-distributed 0.5.0 (crates.io) timed the way `benches/allreduce.rs` and
+//! nuvec-distributed 0.5.0 (crates.io) timed the way `benches/allreduce/` and
 //! `benches/mlx_allsum.py` time this crate and MLX.
 //!
 //! ```text

@@ -17,7 +17,7 @@
 //! a small collective's whole step; a thread that is still looking sees the bytes at once.
 //! Yielding rather than spinning keeps the look cheap for ranks that share a core: with more
 //! ranks than cores the thread that has work gets the core. Measured on a 2-core VM over
-//! loopback (`benches/allreduce.rs`), this cut a 4 KiB all_sum's p50 from 100–130 µs to
+//! loopback (`benches/allreduce/`), this cut a 4 KiB all_sum's p50 from 100–130 µs to
 //! 30–40 µs with 2 ranks and from 380–750 µs to 170–300 µs with 4, and large sizes did not
 //! change.
 //!

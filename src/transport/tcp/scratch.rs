@@ -11,7 +11,7 @@
 //! So the scratch starts one cache line past a page boundary, and a receive whose destination
 //! starts in a page's first cache line ([`aliases`]) is read through the scratch in pieces of
 //! [`BOUNCE`] bytes and copied into place by the CPU, whose user-space copy does not have the
-//! problem. Measured with `benches/allreduce.rs` on a 2-core EPYC VM (float32 all_sum, p50,
+//! problem. Measured with `benches/allreduce/` on a 2-core EPYC VM (float32 all_sum, p50,
 //! user buffer 16 bytes into a page), the extra copy more than pays for itself: 2 ranks, 1 MiB
 //! 550–700 µs → 340–450 µs and 4 MiB 2.8–3.1 ms → 1.6–2.0 ms; 4 ranks, 1 MiB 2.6–2.7 ms →
 //! 1.2–1.8 ms and 16 MiB 35–42 ms → 25–31 ms, about what a buffer at a good offset reaches.
