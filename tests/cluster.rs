@@ -979,8 +979,8 @@ fn a_stranger_from_another_host_during_setup_is_turned_away_with_a_key() {
             "MEASURED stranger ({send}) with a key: setup took {setup:?} ms per rank; stranger: {}",
             stranger
                 .lines()
-                .rfind(|l| !l.trim().is_empty())
-                .unwrap_or("")
+                .rfind(|l| l.starts_with("CLOSED"))
+                .unwrap_or("still connected")
         );
     }
 }
@@ -1020,8 +1020,8 @@ fn a_stranger_from_another_host_during_setup_without_a_key_fails_setup_by_the_de
             "MEASURED stranger ({send}) without a key: {took:?}; {summary:?}; stranger: {}",
             stranger
                 .lines()
-                .rfind(|l| !l.trim().is_empty())
-                .unwrap_or("")
+                .rfind(|l| l.starts_with("CLOSED"))
+                .unwrap_or("still connected")
         );
     }
 }
