@@ -1038,6 +1038,7 @@ fn a_cluster_is_held_while_the_hold_file_exists() {
     let Ok(hold) = std::env::var("NUVEC_CLUSTER_HOLD") else {
         return;
     };
+    let _one = exclusive();
     let n = env_or("NUVEC_CLUSTER_HOSTS", "4")
         .parse()
         .expect("a number of hosts");
