@@ -982,8 +982,8 @@ fn a_stranger_from_another_host_during_setup_is_turned_away_with_a_key() {
             "MEASURED stranger ({send}) with a key: setup took {setup:?} ms per rank; stranger: {}",
             stranger
                 .lines()
-                .rfind(|l| !l.trim().is_empty())
-                .unwrap_or("")
+                .rfind(|l| l.starts_with("CLOSED"))
+                .unwrap_or("still connected")
         );
     }
 }
@@ -1023,8 +1023,8 @@ fn a_stranger_from_another_host_during_setup_without_a_key_fails_setup_by_the_de
             "MEASURED stranger ({send}) without a key: {took:?}; {summary:?}; stranger: {}",
             stranger
                 .lines()
-                .rfind(|l| !l.trim().is_empty())
-                .unwrap_or("")
+                .rfind(|l| l.starts_with("CLOSED"))
+                .unwrap_or("still connected")
         );
     }
 }
@@ -1041,6 +1041,7 @@ fn a_cluster_is_held_while_the_hold_file_exists() {
     let Ok(hold) = std::env::var("NUVEC_CLUSTER_HOLD") else {
         return;
     };
+    let _one = exclusive();
     let n = env_or("NUVEC_CLUSTER_HOSTS", "4")
         .parse()
         .expect("a number of hosts");
