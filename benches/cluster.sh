@@ -15,7 +15,7 @@
 #   mlx      MLX 0.32.4 (.venv), benches/mlx_allsum.py
 #   0.5.0    nuvec-distributed 0.5.0, benches/upstream --impl upstream
 #   arrays   this checkout through the same nuvec_core API, benches/upstream --impl local
-#   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce.rs)
+#   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce/)
 # busbw = bytes * 2 (n - 1) / n / p50, shown in Gbit/s and as a percentage of the link's
 # measured TCP goodput. Output of every job in target/cluster-bench/; the table also goes to
 # target/cluster-bench/table.md and a plot to target/cluster-bench/busbw.svg.
@@ -47,7 +47,7 @@ HARNESS="$(cargo test --ignore-rust-version --test cluster --no-run --message-fo
 (cd benches/upstream && cargo build --release --ignore-rust-version --features local \
   --target-dir "$ROOT/target/upstream-bench" >&2)
 UPSTREAM="$ROOT/target/upstream-bench/release/nuvec-upstream-bench"
-cargo build --release --ignore-rust-version --bin nuvec-launch >&2
+cargo build --release --ignore-rust-version -p nuvec-launch >&2
 LAUNCH="$ROOT/target/release/nuvec-launch"
 HAVE_MLX=1
 [ -x "$PYTHON" ] || { echo "no MLX venv (.ci/setup-venv): the mlx column is skipped" >&2; HAVE_MLX=0; }
