@@ -9,10 +9,10 @@
 //! measured times are printed as `MEASURED ...` lines (`--nocapture` shows them) and are the
 //! README's fault table.
 
-#[path = "cluster/mod.rs"]
-mod cluster;
 #[path = "common/built.rs"]
 mod built;
+#[path = "cluster/mod.rs"]
+mod cluster;
 #[path = "common/launcher.rs"]
 mod launcher;
 #[path = "common/procs.rs"]
@@ -449,7 +449,10 @@ s = mx.distributed.all_sum(mx.array([float(g.rank()), 1.0]))
 print(f'RESULT rank={{g.rank()}} size={{g.size()}} sum={{[float(v) for v in s.tolist()]}}', flush=True)\"
 else exec {rust}; fi"
     );
-    for program in [bin.join("mlx.launch"), launcher::nuvec_launch().to_path_buf()] {
+    for program in [
+        bin.join("mlx.launch"),
+        launcher::nuvec_launch().to_path_buf(),
+    ] {
         let mut args = strings(&[
             "--hosts",
             &c.host_list(&[0, 1, 2, 3]),
