@@ -753,4 +753,31 @@ mod over_rdma {
             assert_eq!(hashes(&f.output), tcp, "plain sends");
         }
     }
+
+    #[test]
+    fn over_the_providers_tcp_wire_meshes_and_rings_give_the_bits_over_unix_sockets() {
+        for (name, ranks, ring) in [("mesh-3", 3, None), ("ring-3x2", 3, Some(2))] {
+            let unix = collectives_over(
+                &format!("rdma-{name}-unix"),
+                ranks,
+                ring,
+                "large",
+                Over::Rdma,
+            );
+            let (finished, _) = job_over(
+                &format!("rdma-{name}-tcp-wire"),
+                "collectives",
+                ranks,
+                ring,
+                "large",
+                Over::Rdma,
+                &|_| vec![("NUVEC_VERBS_EMU_WIRE", "tcp:127.0.0.1".to_owned())],
+            );
+            procs::assert_all_ok(name, &finished);
+            for f in &finished {
+                assert!(f.output.contains("COLLECTIVES OK"), "{}", f.output);
+                assert_eq!(hashes(&f.output), unix, "{name} over the TCP wire");
+            }
+        }
+    }
 }

@@ -6,6 +6,7 @@
 //! on stderr, naming the variable, and makes `ibv_get_device_list` fail with `EINVAL`, so that a
 //! typo cannot silently run a test without the fault it asked for.
 
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -39,6 +40,21 @@ pub(crate) struct Config {
     pub(crate) ledger: Option<PathBuf>,
     /// What becomes of a message that finds no receive posted (`NUVEC_VERBS_EMU_UNEXPECTED`).
     pub(crate) unexpected: Unexpected,
+    /// How messages travel between processes (`NUVEC_VERBS_EMU_WIRE`).
+    pub(crate) wire: WireChoice,
+}
+
+/// How messages travel between processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WireChoice {
+    /// Abstract Unix sockets (`unix`, the default): every process on one machine and in one
+    /// network namespace.
+    Unix,
+    /// TCP over IPv4 (`tcp`, or `tcp:<address>`), so that ranks in different network
+    /// namespaces, behind real network stacks and links, reach each other; the GIDs carry the
+    /// address. `None`: the first non-loopback IPv4 address of the process's network namespace
+    /// that is up, or 127.0.0.1 when there is none.
+    Tcp(Option<Ipv4Addr>),
 }
 
 /// What becomes of a message that arrives when its queue pair has no receive posted.
@@ -100,7 +116,23 @@ impl Config {
                 ));
             }
         };
+        let wire = match get("NUVEC_VERBS_EMU_WIRE").as_deref().map(str::trim) {
+            None | Some("") | Some("unix") => WireChoice::Unix,
+            Some("tcp") => WireChoice::Tcp(None),
+            Some(other) => match other.strip_prefix("tcp:").map(str::parse::<Ipv4Addr>) {
+                Some(Ok(address)) if !address.is_unspecified() && !address.is_broadcast() => {
+                    WireChoice::Tcp(Some(address))
+                }
+                _ => {
+                    return Err(format!(
+                        "NUVEC_VERBS_EMU_WIRE must be unix, tcp or tcp:<IPv4 address of this \
+                         host>, not {other:?}"
+                    ));
+                }
+            },
+        };
         Ok(Config {
+            wire,
             unexpected,
             devices,
             no_ipv4,
@@ -212,6 +244,18 @@ mod tests {
         assert_eq!(config.fail_wr, None);
         assert_eq!(config.die_after, None);
         assert_eq!(config.ledger, None);
+        assert_eq!(config.wire, WireChoice::Unix);
+    }
+
+    #[test]
+    fn the_wire_is_unix_sockets_or_tcp_on_a_chosen_or_found_address() {
+        let wire = |v: &str| with(&[("NUVEC_VERBS_EMU_WIRE", v)]).unwrap().wire;
+        assert_eq!(wire("unix"), WireChoice::Unix);
+        assert_eq!(wire("tcp"), WireChoice::Tcp(None));
+        assert_eq!(
+            wire("tcp:198.18.0.2"),
+            WireChoice::Tcp(Some(Ipv4Addr::new(198, 18, 0, 2)))
+        );
     }
 
     #[test]
@@ -228,6 +272,9 @@ mod tests {
             ("NUVEC_VERBS_EMU_FAIL_WR", "0"),
             ("NUVEC_VERBS_EMU_DIE_AFTER", "x"),
             ("NUVEC_VERBS_EMU_LEDGER", ""),
+            ("NUVEC_VERBS_EMU_WIRE", "udp"),
+            ("NUVEC_VERBS_EMU_WIRE", "tcp:0.0.0.0"),
+            ("NUVEC_VERBS_EMU_WIRE", "tcp:198.18.0.300"),
         ] {
             let message = with(&[(name, value)]).unwrap_err();
             assert!(message.contains(name), "{message}");

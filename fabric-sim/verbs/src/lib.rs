@@ -21,7 +21,8 @@
 //!   checks (`qp_state`).
 //! - UC delivery, registration checks, the error state and flushing (`qp`), completion
 //!   queues with overrun (`cq`), Apple's limits and object accounting (`objects`).
-//! - The wire: abstract Unix sockets between processes (`transport`).
+//! - The wire: abstract Unix sockets between processes on one machine, or TCP between
+//!   processes on different hosts or network namespaces (`transport`).
 //! - Faults from the environment (`faults`) and the configuration (`config`).
 //!
 //! # Environment
@@ -36,6 +37,7 @@
 //! | `NUVEC_VERBS_EMU_FAIL_WR=<k>` | the k-th posted work request completes with `IBV_WC_GENERAL_ERR` |
 //! | `NUVEC_VERBS_EMU_DIE_AFTER=<n>` | the process kills itself (SIGKILL) after its n-th sent message |
 //! | `NUVEC_VERBS_EMU_UNEXPECTED=hold\|drop` | a message that finds no receive posted is held until one is (default, as Apple's provider appears to) or dropped (InfiniBand's UC) |
+//! | `NUVEC_VERBS_EMU_WIRE=unix\|tcp\|tcp:<address>` | how messages travel: abstract Unix sockets (default, one machine and network namespace), or TCP on the given IPv4 address of this host or (`tcp`) the first one of an interface that is up and not loopback (127.0.0.1 when there is none) |
 //! | `NUVEC_VERBS_EMU_LEDGER=<path>` | each `ibv_close_device` appends `close pid=… device=… qps=… cqs=… mrs=… pds=…` |
 //!
 //! A bad value prints a message naming the variable and makes `ibv_get_device_list` return
@@ -44,7 +46,8 @@
 //! # What is not modelled
 //!
 //! RC and UD queue pairs (`EOPNOTSUPP`), RDMA read/write and atomics, inline data, shared receive queues, completion channels and events, address handles, memory
-//! windows, PSN checking, packetisation and link speed. Linux only (abstract sockets).
+//! windows, PSN checking, packetisation and link speed (over TCP, the real link's). Linux only (abstract
+//! sockets, `getifaddrs`).
 //!
 //! # Errors
 //!

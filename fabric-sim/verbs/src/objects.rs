@@ -21,7 +21,7 @@ use crate::config;
 use crate::cq::Cq;
 use crate::device::{self, Device};
 use crate::qp::{Pd, Qp, Region};
-use crate::qp_state::{MAX_QPN, PORT_NUM};
+use crate::qp_state::PORT_NUM;
 use crate::transport::Endpoint;
 use core::ffi::{c_char, c_int, c_void};
 use nuvec_verbs_abi::*;
@@ -104,20 +104,6 @@ fn leak<T>(value: T) -> usize {
 unsafe fn free<T>(ptr: usize) {
     // SAFETY: the caller's contract: `ptr` is a live `Box<T>` turned into an address.
     drop(unsafe { Box::from_raw(ptr as *mut T) });
-}
-
-/// A fresh queue pair number: unique in the process, 24 bits, never 0 or 1 (the special
-/// queue pairs), starting from a value derived from the process id so that two processes
-/// rarely hand out the same numbers (a peer's QPN used in place of one's own shows).
-fn next_qpn() -> u32 {
-    static NEXT: LazyLock<AtomicU32> =
-        LazyLock::new(|| AtomicU32::new((std::process::id() & 0xFFF) << 8));
-    loop {
-        let qpn = NEXT.fetch_add(1, Ordering::Relaxed) & MAX_QPN;
-        if qpn > 1 {
-            return qpn;
-        }
-    }
 }
 
 /// A fresh memory key, unique in the process and never 0.
@@ -435,7 +421,7 @@ pub(crate) unsafe fn create_qp(
         return Err(libc::ENOMEM);
     }
     let endpoint = Arc::clone(&reg.contexts.get(&pd_rec.ctx).ok_or(libc::EINVAL)?.endpoint);
-    let qpn = next_qpn();
+    let qpn = endpoint.next_qpn()?;
     let ptr = leak(ibv_qp {
         context: pd_rec.ctx as *mut ibv_context,
         qp_context: init.qp_context,

@@ -87,7 +87,7 @@ pub(crate) fn region_holds(regions: &HashMap<u32, Region>, sge: &ibv_sge, write:
 struct Route {
     /// The peer's endpoint, or `None` when the destination GID is not one of this provider's
     /// (everything sent is then lost).
-    endpoint: Option<u32>,
+    endpoint: Option<u64>,
     /// The peer queue pair.
     qpn: u32,
 }
@@ -128,7 +128,7 @@ pub(crate) const MAX_HELD: usize = 4096;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Origin {
     /// The sender's endpoint.
-    pub(crate) endpoint: u32,
+    pub(crate) endpoint: u64,
     /// The sender's queue pair.
     pub(crate) qpn: u32,
     /// The sender's path MTU.
@@ -284,7 +284,7 @@ impl Qp {
         }
         if mask & IBV_QP_AV != 0 {
             inner.route = Some(Route {
-                endpoint: device::endpoint_of(&attr.ah_attr.grh.dgid),
+                endpoint: device::endpoint_of(&attr.ah_attr.grh.dgid, attr.dest_qp_num),
                 qpn: attr.dest_qp_num,
             });
         }
