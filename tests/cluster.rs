@@ -1,8 +1,9 @@
 //! A cluster on one machine (network namespaces on a bridge, shaped links, an sshd per host;
 //! see `tests/cluster/mod.rs`): ring jobs of 2–4 hosts launched over ssh by nuvec-launch and
-//! mlx.launch, a mixed Python MLX and Rust job, JACCL mesh and ring over TCP, a hostfile of host
-//! names, and the faults of a network: a pulled cable, a glitch shorter than the timeout, a slow
-//! host and a stranger during setup.
+//! mlx.launch, a mixed Python MLX and Rust job, JACCL mesh and ring over TCP and (feature
+//! `jaccl`) over the RDMA fabric on the software provider's TCP wire, a hostfile of host names,
+//! and the faults of a network: a pulled cable (ring, and JACCL over RDMA), a glitch shorter
+//! than the timeout, a slow host and a stranger during setup.
 //!
 //! Runs as root (CI); elsewhere every test prints why it skips, but under `CI=true` a cluster
 //! that cannot be made fails. One cluster at a time: every test holds [`exclusive`]. The
@@ -13,6 +14,9 @@
 mod built;
 #[path = "cluster/mod.rs"]
 mod cluster;
+#[cfg(feature = "jaccl")]
+#[path = "common/emu.rs"]
+mod emu;
 #[path = "common/launcher.rs"]
 mod launcher;
 #[path = "common/procs.rs"]
@@ -108,7 +112,31 @@ fn launched_rank() {
     let total = distributed::all_sum(&x, None)
         .to_vec::<f32>()
         .expect("all_sum");
+    if std::env::var("NUVEC_CLUSTER_LARGE").as_deref() == Ok("1") {
+        large_collectives(r, n);
+    }
     println!("RESULT rank={r} size={n} sum={total:?}");
+}
+
+/// An all_sum and an all_max of 4 MiB of float32 (past every frame and algorithm threshold),
+/// each element checked; prints `LARGE ok`.
+fn large_collectives(r: usize, n: usize) {
+    const ELEMENTS: usize = 1 << 20;
+    let values: Vec<f32> = (0..ELEMENTS).map(|i| (i % 7 + r) as f32).collect();
+    let x = nuvec_core::Array::from_slice(&values, [ELEMENTS as i32]);
+    let sum = distributed::all_sum(&x, None)
+        .to_vec::<f32>()
+        .expect("the large all_sum");
+    let max = distributed::all_max(&x, None)
+        .to_vec::<f32>()
+        .expect("the large all_max");
+    let base = (n * (n - 1) / 2) as f32;
+    for i in 0..ELEMENTS {
+        let m = (i % 7) as f32;
+        assert_eq!(sum[i], m * n as f32 + base, "all_sum element {i}");
+        assert_eq!(max[i], m + (n - 1) as f32, "all_max element {i}");
+    }
+    println!("LARGE ok rank={r}");
 }
 
 fn loop_rank() {
@@ -135,8 +163,18 @@ fn loop_rank() {
         }
     }
     let started = Instant::now();
-    let handle = match connect_ring(&nodes, rank, &options) {
-        Ok(h) => h,
+    // JACCL joins from MLX's JACCL variables (`NUVEC_CLUSTER_JACCL=1`), the ring from the nodes.
+    let joined = if std::env::var("NUVEC_CLUSTER_JACCL").as_deref() == Ok("1") {
+        nuvec_distributed::init_backend(true, nuvec_distributed::Backend::Jaccl)
+            .map(|group| (group, None))
+            .map_err(|e| e.to_string())
+    } else {
+        connect_ring(&nodes, rank, &options)
+            .map(|handle| (handle.group(), Some(handle)))
+            .map_err(|e| e.to_string())
+    };
+    let (group, handle) = match joined {
+        Ok(joined) => joined,
         Err(e) => {
             println!(
                 "SETUP_FAILED at={} after_ms={} {e}",
@@ -147,7 +185,6 @@ fn loop_rank() {
         }
     };
     println!("SETUP_MS {}", started.elapsed().as_millis());
-    let group = handle.group();
     let n = group.size();
     let want = (n * (n + 1) / 2) as f32;
     let x = ops::full([bytes / 4], (rank + 1) as f32);
@@ -175,7 +212,9 @@ fn loop_rank() {
                     Ok(_) => println!("AGAIN succeeded"),
                     Err(e) => println!("AGAIN ms={} {e}", again.elapsed().as_millis()),
                 }
-                println!("FAILURE {:?}", handle.failure().map(|e| e.to_string()));
+                if let Some(handle) = &handle {
+                    println!("FAILURE {:?}", handle.failure().map(|e| e.to_string()));
+                }
                 std::process::exit(1);
             }
         }
@@ -490,12 +529,10 @@ fn jaccl_hostfile(c: &Cluster, backend: &str, rdma: &[&str]) -> String {
     )
 }
 
-#[test]
-fn jaccl_mesh_and_ring_over_tcp_run_across_hosts() {
-    let _one = exclusive();
-    let Some(c) = cluster::make(4, "1gbit") else {
-        return;
-    };
+/// JACCL meshes of 3 and rings of 4 hosts, launched over ssh by nuvec-launch and mlx.launch,
+/// with `fabric` (the launcher's `--env` assignments that choose the fabric); with `large`,
+/// every rank also checks 4 MiB collectives.
+fn jaccl_jobs_across_hosts(c: &Cluster, what: &str, fabric: &[String], large: bool) {
     let mesh = [
         r#"[null, "rdma_en1", "rdma_en2"]"#,
         r#"["rdma_en1", null, "rdma_en3"]"#,
@@ -514,31 +551,64 @@ fn jaccl_mesh_and_ring_over_tcp_run_across_hosts() {
     for program in &launchers {
         for (backend, rdma) in [("jaccl", &mesh[..]), ("jaccl-ring", &ring[..])] {
             let file = c.dir.join(format!("{backend}.json"));
-            std::fs::write(&file, jaccl_hostfile(&c, backend, rdma)).expect("the host file");
-            let mut args = strings(&[
-                "--hostfile",
-                &file.display().to_string(),
-                "-p",
-                "6000",
-                "--env",
-                "NUVEC_JACCL_FABRIC=tcp",
-                "--env",
-                &format!("{ROLE}=launched"),
-                "--env",
-                &format!("{}={RANK_TEST}", procs::CHILD),
-                "--env",
+            std::fs::write(&file, jaccl_hostfile(c, backend, rdma)).expect("the host file");
+            let mut args = strings(&["--hostfile", &file.display().to_string(), "-p", "6000"]);
+            for assignment in fabric.iter().map(String::as_str).chain([
+                &*format!("{ROLE}=launched"),
+                &*format!("{}={RANK_TEST}", procs::CHILD),
                 "NUVEC_DISTRIBUTED_TIMEOUT=20",
-                "--",
-            ]);
+                if large {
+                    "NUVEC_CLUSTER_LARGE=1"
+                } else {
+                    "NUVEC_CLUSTER_LARGE=0"
+                },
+            ]) {
+                args.extend(strings(&["--env", assignment]));
+            }
+            args.push("--".to_owned());
             args.extend(launched_argv());
-            let done = run(&mut launcher(&c, program, &args), Duration::from_secs(90));
-            check_results(
-                &format!("{backend} over TCP by {}", program.display()),
-                &done,
-                rdma.len(),
-            );
+            let started = Instant::now();
+            let done = run(&mut launcher(c, program, &args), Duration::from_secs(120));
+            let what = format!("{backend} {what} by {}", program.display());
+            check_results(&what, &done, rdma.len());
+            if large {
+                for r in 0..rdma.len() {
+                    assert!(
+                        done.output.contains(&format!("LARGE ok rank={r}")),
+                        "{what}: rank {r}\n{}",
+                        done.output
+                    );
+                }
+            }
+            println!("MEASURED {what}: {} ms", started.elapsed().as_millis());
         }
     }
+}
+
+#[test]
+fn jaccl_mesh_and_ring_over_tcp_run_across_hosts() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(4, "1gbit") else {
+        return;
+    };
+    jaccl_jobs_across_hosts(&c, "over TCP", &strings(&["NUVEC_JACCL_FABRIC=tcp"]), false);
+}
+
+/// The RDMA fabric across hosts: the software provider's TCP wire carries every message over
+/// the hosts' shaped links (`NUVEC_VERBS_EMU_WIRE=tcp`: each host's GIDs are its own address).
+#[cfg(feature = "jaccl")]
+#[test]
+fn jaccl_mesh_and_ring_over_the_rdma_fabric_run_across_hosts_on_the_software_provider() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(4, "1gbit") else {
+        return;
+    };
+    let fabric = [
+        "NUVEC_JACCL_FABRIC=rdma".to_owned(),
+        format!("NUVEC_JACCL_VERBS={}", emu::library().display()),
+        "NUVEC_VERBS_EMU_WIRE=tcp".to_owned(),
+    ];
+    jaccl_jobs_across_hosts(&c, "over RDMA (software provider)", &fabric, true);
 }
 
 /// A job of `loop` ranks, one per host in `hosts`, on the ring `nodes`, each with `env`.
@@ -555,8 +625,10 @@ fn spawn_loop(
         .enumerate()
         .map(|(rank, &h)| {
             let mut cmd = rank_command("loop");
+            // MLX_RANK for a JACCL rank, which joins from MLX's variables.
             cmd.env("NUVEC_CLUSTER_NODES", &nodes)
-                .env("NUVEC_CLUSTER_RANK", rank.to_string());
+                .env("NUVEC_CLUSTER_RANK", rank.to_string())
+                .env("MLX_RANK", rank.to_string());
             for (k, v) in env {
                 cmd.env(k, v);
             }
@@ -765,6 +837,69 @@ fn a_cable_pulled_during_a_collective_fails_every_rank_by_its_deadline_naming_a_
         eprintln!(
             "MEASURED pulled cable (host 2 of 4, timeout {timeout:?}): rank {r} failed {detect} ms \
              after the pull, exited {} ms after: {line}",
+            ended.saturating_sub(pulled)
+        );
+    }
+}
+
+/// A JACCL mesh of 3 hosts over the RDMA fabric on the software provider's TCP wire: host 2's
+/// cable is pulled during a stream of 4 MiB all_sums. Every rank (the cut one too) fails by
+/// its deadline with an error naming a peer, and a later operation fails at once.
+#[cfg(feature = "jaccl")]
+#[test]
+fn a_cable_pulled_during_a_jaccl_collective_over_rdma_fails_every_rank_by_its_deadline() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    let dir = procs::scratch("jaccl-pulled");
+    let devices = dir.join("devices.json");
+    std::fs::write(
+        &devices,
+        r#"[[null, "rdma_en1", "rdma_en2"], ["rdma_en1", null, "rdma_en3"], ["rdma_en2", "rdma_en3", null]]"#,
+    )
+    .expect("the device file");
+    let timeout = Duration::from_secs(5);
+    let env = [
+        ("NUVEC_CLUSTER_JACCL", "1".to_owned()),
+        ("MLX_IBV_DEVICES", devices.display().to_string()),
+        ("MLX_JACCL_COORDINATOR", format!("{}:6100", c.hosts[0].addr)),
+        ("NUVEC_JACCL_FABRIC", "rdma".to_owned()),
+        ("NUVEC_JACCL_VERBS", emu::library().display().to_string()),
+        ("NUVEC_VERBS_EMU_WIRE", "tcp".to_owned()),
+        ("NUVEC_DISTRIBUTED_TIMEOUT", timeout.as_secs().to_string()),
+        ("NUVEC_CLUSTER_ITERS", "100000".to_owned()),
+        ("NUVEC_CLUSTER_BYTES", (4 << 20).to_string()),
+    ];
+    let children = spawn_loop(&c, &dir, &[0, 1, 2], &[], &env);
+    let logs: Vec<PathBuf> = children.iter().map(|(_, l)| l.clone()).collect();
+    wait_for_line(&logs, "ITER 0", Duration::from_secs(30));
+    let pulled = unix_ms();
+    c.pull(2);
+    let done = wait_all(children, timeout * 3 + Duration::from_secs(10));
+    c.plug(2);
+    for (r, (code, out, ended)) in done.iter().enumerate() {
+        assert_eq!(*code, Some(1), "rank {r}\n{}", dump(&done));
+        let failed = field(out, "FAILED", "at").unwrap_or_else(|| panic!("{}", dump(&done)));
+        let detect = failed.saturating_sub(pulled);
+        let line = out.lines().find(|l| l.starts_with("FAILED")).unwrap_or("");
+        assert!(
+            line.contains("rank"),
+            "rank {r}'s error names no peer: {line}"
+        );
+        assert!(
+            detect <= timeout.as_millis() + 1500,
+            "rank {r} failed {detect} ms after the pull\n{}",
+            dump(&done)
+        );
+        let again = out.lines().find(|l| l.starts_with("AGAIN")).unwrap_or("");
+        assert!(
+            again.starts_with("AGAIN ms=") && field(out, "AGAIN", "ms").unwrap_or(u128::MAX) < 1000,
+            "rank {r}: a later operation must fail at once: {again}"
+        );
+        eprintln!(
+            "MEASURED pulled cable, JACCL mesh over RDMA (host 2 of 3, timeout {timeout:?}): rank \
+             {r} failed {detect} ms after the pull, exited {} ms after: {line}",
             ended.saturating_sub(pulled)
         );
     }

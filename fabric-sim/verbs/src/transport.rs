@@ -17,9 +17,11 @@
 //! whose Thunderbolt interface's address is the GID MLX advertises), and the port, which a
 //! GID has no room for, travels in the queue pair numbers: every QPN of a TCP endpoint is
 //! `port << 8 | n`, so the destination GID and QPN that MLX's bring-up exchanges name the
-//! endpoint. Connections are made with a 1 s timeout and written with a 2 s stall timeout:
-//! a message that cannot leave within them (a pulled cable, a dead host) is lost, as UC loses
-//! it, and a post never blocks its caller for longer.
+//! endpoint. Connections are made with a 250 ms timeout (and, after one failed, not tried
+//! again for a second) and written with a 500 ms stall timeout: a message that cannot leave
+//! within them (a pulled cable, a dead host) is lost, as UC loses it. A post here writes
+//! before it returns (a real device queues it), so over a dead link a post can take up to
+//! 500 ms: a fabric's deadline may be overrun by that much, never by more.
 //!
 //! A thread accepts connections, and one thread per accepted connection reads length-prefixed
 //! messages (destination QPN, source endpoint as two words, low first, source QPN, the
@@ -52,12 +54,18 @@ use std::time::Duration;
 /// payload length.
 const HEADER_BYTES: usize = 32;
 
-/// How long a TCP connection to a peer's endpoint may take before the message is lost.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a TCP connection to a peer's endpoint may take before the message is lost (on a
+/// working link it takes well under a millisecond; a lost SYN would wait 1 s to be resent).
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// How long a TCP write may make no progress before the stream is given up and the message
-/// lost (a pulled cable: nothing acknowledges, the send buffer stays full).
-const STALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// lost (a pulled cable: nothing acknowledges, the send buffer stays full). Long enough for a
+/// retransmission on a shaped, busy link (Linux's minimum RTO is 200 ms).
+const STALL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// After a connection to an endpoint failed, how long messages to it are lost at once rather
+/// than waiting for another connection attempt.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
 /// Where an endpoint listens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,8 +93,17 @@ pub(crate) struct Endpoint {
     next_qp: AtomicU32,
     /// The queue pairs that receive here, by number.
     qps: Mutex<HashMap<u32, Arc<Qp>>>,
-    /// One stream per destination endpoint id (`None` until connected, or after it broke).
-    conns: Mutex<HashMap<u64, Arc<Mutex<Option<Stream>>>>>,
+    /// One link per destination endpoint id.
+    conns: Mutex<HashMap<u64, Arc<Mutex<Link>>>>,
+}
+
+/// The sending side of the connection to one destination endpoint.
+#[derive(Debug, Default)]
+struct Link {
+    /// The stream (`None` until connected, or after it broke).
+    stream: Option<Stream>,
+    /// When the last connection attempt failed, if it did and no stream has been made since.
+    refused_at: Option<std::time::Instant>,
 }
 
 /// A connected stream of either wire.
@@ -257,14 +274,24 @@ impl Endpoint {
             let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
             Arc::clone(conns.entry(dest).or_default())
         };
-        let mut stream = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if stream.is_none() {
+        let mut link = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if link.stream.is_none() {
+            if link
+                .refused_at
+                .is_some_and(|at| at.elapsed() < RECONNECT_AFTER)
+            {
+                return;
+            }
             // Nobody there (never was, or gone, or unreachable): the message is lost, as on a
             // dead link.
-            let Some(s) = self.connect(dest) else { return };
-            *stream = Some(s);
+            link.stream = self.connect(dest);
+            // Over Unix sockets a refusal is immediate, so every message may try again.
+            let tcp = matches!(self.place, Place::Tcp { .. });
+            link.refused_at = (tcp && link.stream.is_none()).then(std::time::Instant::now);
         }
-        let Some(s) = stream.as_ref() else { return };
+        let Some(s) = link.stream.as_ref() else {
+            return;
+        };
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut header = [0u8; HEADER_BYTES];
         let words = [
@@ -286,7 +313,7 @@ impl Endpoint {
         if whole.is_err() {
             // The peer went away (EPIPE, ECONNRESET) or the link stalled: forget the stream;
             // the next message tries to connect again and is lost if nobody is there.
-            *stream = None;
+            link.stream = None;
         }
     }
 }
