@@ -59,10 +59,12 @@ impl Liveness for Watcher {
         if self.closed {
             return None;
         }
-        let gone = self
+        let looks: Vec<_> = self
             .streams
             .iter()
-            .find_map(|(peer, stream)| verdict(self.rank, *peer, &socket::look(stream)))?;
+            .map(|(peer, stream)| (*peer, socket::look(stream)))
+            .collect();
+        let gone = verdict(self.rank, &looks)?;
         // Rank 0 passes the death on to every other rank.
         self.close();
         Some(gone)

@@ -42,15 +42,28 @@ pub enum Look {
     Failed(String),
 }
 
-/// What `rank` concludes from looking at its connection to `peer`: `None` while the peer is
-/// there, else who is gone.
-pub fn verdict(rank: usize, peer: usize, look: &Look) -> Option<Gone> {
-    let why = match look {
-        Look::Nothing | Look::Bytes => return None,
-        Look::Closed => "closed".to_owned(),
-        Look::Failed(e) => format!("failed ({e})"),
-    };
-    Some(if rank == 0 {
+/// What `rank` concludes from one look at each watched connection, `(peer, look)`: `None`
+/// while every peer is there, else who is gone (every closed peer is named; the first is the
+/// one [`Gone::peer`] gives).
+pub fn verdict(rank: usize, looks: &[(usize, Look)]) -> Option<Gone> {
+    let gone: Vec<(usize, String)> = looks
+        .iter()
+        .filter_map(|(peer, look)| match look {
+            Look::Nothing | Look::Bytes => None,
+            Look::Closed => Some((*peer, "closed".to_owned())),
+            Look::Failed(e) => Some((*peer, format!("failed ({e})"))),
+        })
+        .collect();
+    let (peer, why) = gone.first().cloned()?;
+    Some(if rank != 0 {
+        Gone {
+            peer,
+            itself: false,
+            what: format!(
+                "rank {peer} is gone, or saw another rank go: its side-channel connection {why}"
+            ),
+        }
+    } else if gone.len() == 1 {
         Gone {
             peer,
             itself: true,
@@ -60,11 +73,14 @@ pub fn verdict(rank: usize, peer: usize, look: &Look) -> Option<Gone> {
             ),
         }
     } else {
+        let ranks: Vec<String> = gone.iter().map(|(p, _)| p.to_string()).collect();
         Gone {
             peer,
-            itself: false,
+            itself: true,
             what: format!(
-                "rank {peer} is gone, or saw another rank go: its side-channel connection {why}"
+                "ranks {} are gone: their side-channel connections to rank 0 closed (each \
+                 died, exited, or its group failed)",
+                ranks.join(", ")
             ),
         }
     })
@@ -84,18 +100,25 @@ mod tests {
 
     #[test]
     fn only_an_end_of_stream_or_an_error_means_gone() {
-        assert_eq!(verdict(0, 3, &Look::Nothing), None);
-        assert_eq!(verdict(0, 3, &Look::Bytes), None);
-        let g = verdict(0, 3, &Look::Closed).unwrap();
+        assert_eq!(verdict(0, &[(1, Look::Nothing), (3, Look::Bytes)]), None);
+        let g = verdict(0, &[(1, Look::Nothing), (3, Look::Closed)]).unwrap();
         assert!(
             g.itself && g.peer == 3 && g.what.starts_with("rank 3 is gone"),
             "{g:?}"
         );
-        let g = verdict(2, 0, &Look::Failed("reset".into())).unwrap();
+        let g = verdict(2, &[(0, Look::Failed("reset".into()))]).unwrap();
         assert!(!g.itself && g.peer == 0, "{g:?}");
         assert!(
             g.what.contains("rank 0") && g.what.contains("reset"),
             "{g:?}"
         );
+    }
+
+    #[test]
+    fn rank_zero_names_every_closed_rank() {
+        let looks = [(1, Look::Closed), (2, Look::Nothing), (3, Look::Closed)];
+        let g = verdict(0, &looks).unwrap();
+        assert_eq!(g.peer, 1);
+        assert!(g.what.starts_with("ranks 1, 3 are gone"), "{g:?}");
     }
 }
