@@ -109,8 +109,16 @@ impl Stop {
     }
 }
 
-/// A fabric's watcher and progress timeout (see the [module docs](self)); the default watches
-/// nothing and has no progress timeout.
+/// A fabric's watcher and progress timeout; the default watches nothing and has no progress
+/// timeout.
+///
+/// A fabric holds one for its whole life and calls [`waiting`](Self::waiting) whenever a step
+/// cannot progress: the watcher is consulted only once the step has heard nothing for
+/// [`QUIET`], and at most every [`CHECK_EVERY`] (across steps), so a step that keeps moving
+/// never pays for it. The silence comes first because a rank that leaves cleanly after its
+/// last operation looks exactly like one that died, while a slower rank may still be waiting
+/// for the last bytes of that operation from a live peer. When a step fails for any reason
+/// the fabric calls [`failed`](Self::failed), and the watcher tells the other ranks.
 #[derive(Default)]
 pub struct Watch {
     liveness: Option<Box<dyn Liveness>>,
@@ -259,40 +267,41 @@ mod tests {
     }
 
     const MS: Duration = Duration::from_millis(1);
+    const T0: Duration = Duration::ZERO;
 
     #[test]
     fn a_step_is_checked_only_once_silent_and_at_most_every_period() {
         let mut w = Watch::new(Some(Box::new(Script(vec![None; 10], 0))), None);
         // Not silent long enough: no check.
-        assert_eq!(w.waiting(50 * MS, 0 * MS), Ok(()));
+        assert_eq!(w.waiting(50 * MS, T0), Ok(()));
         assert_eq!(w.checked, None);
-        assert_eq!(w.wake_by(0 * MS), Some(QUIET));
+        assert_eq!(w.wake_by(T0), Some(QUIET));
         // Silent for QUIET: checked, then not again within the period.
-        assert_eq!(w.waiting(100 * MS, 0 * MS), Ok(()));
+        assert_eq!(w.waiting(100 * MS, T0), Ok(()));
         assert_eq!(w.checked, Some(100 * MS));
-        assert_eq!(w.waiting(200 * MS, 0 * MS), Ok(()));
+        assert_eq!(w.waiting(200 * MS, T0), Ok(()));
         assert_eq!(w.checked, Some(100 * MS));
-        assert_eq!(w.wake_by(0 * MS), Some(350 * MS));
-        assert_eq!(w.waiting(350 * MS, 0 * MS), Ok(()));
+        assert_eq!(w.wake_by(T0), Some(350 * MS));
+        assert_eq!(w.waiting(350 * MS, T0), Ok(()));
         assert_eq!(w.checked, Some(350 * MS));
     }
 
     #[test]
     fn a_gone_peer_stops_every_later_wait() {
         let mut w = Watch::new(Some(Box::new(Script(vec![Some(gone(2))], 0))), None);
-        assert_eq!(w.waiting(QUIET, 0 * MS), Err(Stop::Gone(gone(2))));
+        assert_eq!(w.waiting(QUIET, T0), Err(Stop::Gone(gone(2))));
         // Sticky, without asking the watcher again.
-        assert_eq!(w.waiting(QUIET + MS, 0 * MS), Err(Stop::Gone(gone(2))));
+        assert_eq!(w.waiting(QUIET + MS, T0), Err(Stop::Gone(gone(2))));
     }
 
     #[test]
     fn the_progress_timeout_bounds_a_silent_wait_and_zero_is_off() {
         let mut w = Watch::new(None, Some(2 * QUIET));
         assert!(!w.is_idle());
-        assert_eq!(w.waiting(QUIET, 0 * MS), Ok(()));
-        assert_eq!(w.wake_by(0 * MS), Some(2 * QUIET));
+        assert_eq!(w.waiting(QUIET, T0), Ok(()));
+        assert_eq!(w.wake_by(T0), Some(2 * QUIET));
         assert_eq!(
-            w.waiting(2 * QUIET, 0 * MS),
+            w.waiting(2 * QUIET, T0),
             Err(Stop::NoProgress {
                 waited: 2 * QUIET,
                 limit: 2 * QUIET
@@ -300,8 +309,8 @@ mod tests {
         );
         let mut off = Watch::new(None, Some(Duration::ZERO));
         assert!(off.is_idle());
-        assert_eq!(off.waiting(Duration::from_secs(3600), 0 * MS), Ok(()));
-        assert_eq!(off.wake_by(0 * MS), None);
+        assert_eq!(off.waiting(Duration::from_secs(3600), T0), Ok(()));
+        assert_eq!(off.wake_by(T0), None);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! queue pair (the numbers are `nuvec-verbs-abi`'s, which the software provider enforces too).
 //!
 //! Every queue pair of the RDMA fabric lives on the device its cable is named by, and owns
-//! [`REGIONS_PER_QUEUE_PAIR`] memory regions (its frames) and a capacity of [`WORK_REQUESTS`]
-//! sends and as many receives. So a device carries as many queue pairs as the cables named
+//! 6 memory regions (its frames: 2 to send, 4 to receive) and a capacity of 32 sends and as
+//! many receives, of which at most 2 and 4 are ever posted. So a device carries as many queue pairs as the cables named
 //! by it: with one device per cable, as a Thunderbolt port is, one in a mesh and in a ring of
 //! more than 2 ranks, two in a ring of 2 (each wire carries the `left_` and the `right_` queue
 //! pair of the one neighbour). [`Needs::of`] counts a topology with one device per cable,

@@ -48,7 +48,7 @@ pub const RECV_AHEAD: usize = 4;
 
 /// The capacity asked of each queue of a queue pair, sends and receives (MLX's `MAX_SEND_WR`,
 /// `MAX_RECV_WR`); at most [`IN_FLIGHT`] sends and [`RECV_AHEAD`] receives are ever posted.
-pub const WORK_REQUESTS: u32 = 32;
+pub(crate) const WORK_REQUESTS: u32 = 32;
 
 /// The memory regions each queue pair registers: one per frame.
-pub const REGIONS_PER_QUEUE_PAIR: usize = IN_FLIGHT + RECV_AHEAD;
+pub(crate) const REGIONS_PER_QUEUE_PAIR: usize = IN_FLIGHT + RECV_AHEAD;

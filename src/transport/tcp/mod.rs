@@ -423,18 +423,18 @@ impl TcpFabric {
                     },
                 });
             }
-            if !self.watch.is_idle() {
-                if let Err(stop) = self.watch.waiting(now, quiet_since) {
-                    let heard = &self.heard;
-                    let i = blame(
-                        step,
-                        |i| progress[i].done == step[i].len(),
-                        |p| heard.get(p).copied().flatten(),
-                        stop.gone(),
-                    );
-                    let done = i.map_or(0, |i| progress[i].done);
-                    return Err(stop.failure(step, i, done, self.rank));
-                }
+            if !self.watch.is_idle()
+                && let Err(stop) = self.watch.waiting(now, quiet_since)
+            {
+                let heard = &self.heard;
+                let i = blame(
+                    step,
+                    |i| progress[i].done == step[i].len(),
+                    |p| heard.get(p).copied().flatten(),
+                    stop.gone(),
+                );
+                let done = i.map_or(0, |i| progress[i].done);
+                return Err(stop.failure(step, i, done, self.rank));
             }
             let wake = match self.watch.wake_by(quiet_since) {
                 Some(at) if at < deadline => at.max(now),
