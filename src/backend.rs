@@ -16,7 +16,7 @@ use crate::config::hostfile;
 use crate::config::log::Log;
 use crate::config::options::Options;
 use crate::error::Error;
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, Liveness, Watch};
 use crate::jaccl::{self, FrameRule, JacclCommunicator, JacclFabric, SideChannel};
 use crate::ring::communicator::RingCommunicator;
 use crate::transport::tcp::TcpFabric;
@@ -173,15 +173,22 @@ pub fn connect_jaccl(
         )));
     }
     let mut side = SideChannel::connect(coordinator, rank, size, options.timeout)?;
+    // After bring-up the side channel watches the peers while operations wait (see
+    // `jaccl::side_channel::protocol::liveness`).
+    let watch = |side: SideChannel| -> Result<Watch, Error> {
+        let watcher: Box<dyn Liveness> = Box::new(side.into_watcher()?);
+        Ok(Watch::new(Some(watcher), options.progress))
+    };
     match fabric {
         JacclFabric::Tcp => {
             let (tcp, topology) = jaccl::tcp::connect(config, &mut side, options.timeout)?;
-            let tcp = tcp.with_spin(options.spin);
+            let tcp = tcp.with_spin(options.spin).with_watch(watch(side)?);
             Ok(jaccl_group(tcp, topology, rule, options.timeout, log))
         }
         #[cfg(feature = "jaccl")]
         JacclFabric::Rdma => {
-            let rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
+            let mut rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
+            rdma.set_watch(watch(side)?);
             Ok(jaccl_group(rdma, topology, rule, options.timeout, log))
         }
         #[cfg(not(feature = "jaccl"))]
@@ -264,6 +271,7 @@ fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     if let Some(spin) = env.spin()? {
         options = options.spin(spin);
     }
+    options.progress = env.jaccl_progress_timeout()?;
     Ok(options)
 }
 

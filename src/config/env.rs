@@ -9,6 +9,7 @@
 //! | `NUVEC_DISTRIBUTED_KEY` | shared key, at least 16 bytes (never printed) |
 //! | `NUVEC_DISTRIBUTED_LOG` | `off`, `error`, `warn`, `info` or `debug` (any case) |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | how long a TCP step looks before it parks, 0 to 1 000 000 µs |
+//! | `JACCL_PROGRESS_TIMEOUT_S` / `MLX_JACCL_PROGRESS_TIMEOUT_S` | JACCL: the longest a wait may go without progress, non-negative seconds, 0 off (`JACCL_*` wins) |
 //!
 //! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the
 //! process environment. Unlike MLX (which reads `MLX_RANK` with `atoi`), every value is checked,
@@ -43,6 +44,10 @@ pub(crate) const SPIN: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 pub(crate) const JACCL_FABRIC: &str = "NUVEC_JACCL_FABRIC";
 /// JACCL's frame rule: `small` (the default, macOS 26.2) or `large` (macOS 26.3 and later).
 pub(crate) const JACCL_FRAMES: &str = "NUVEC_JACCL_FRAMES";
+
+/// JACCL's progress timeout in seconds, by the names of MLX's PR #4530 (the first set wins).
+pub(crate) const JACCL_PROGRESS_TIMEOUT: [&str; 2] =
+    ["JACCL_PROGRESS_TIMEOUT_S", "MLX_JACCL_PROGRESS_TIMEOUT_S"];
 
 /// The shortest key accepted, in bytes.
 #[allow(
@@ -200,6 +205,37 @@ impl<'a> Env<'a> {
             return Err(bad("is below one nanosecond"));
         }
         Ok(Some(d))
+    }
+
+    /// JACCL's progress timeout from `JACCL_PROGRESS_TIMEOUT_S` or else
+    /// `MLX_JACCL_PROGRESS_TIMEOUT_S` (seconds): `None` when unset or 0 (off: only the
+    /// operation's deadline bounds a wait).
+    ///
+    /// The value must be a non-negative finite decimal number of seconds (`"5"`, `"0.5"`).
+    pub(crate) fn jaccl_progress_timeout(&self) -> Result<Option<Duration>, Error> {
+        let mut found = None;
+        for name in JACCL_PROGRESS_TIMEOUT {
+            if let Some(v) = self.text(name)? {
+                found = Some((name, v));
+                break;
+            }
+        }
+        let Some((name, v)) = found else {
+            return Ok(None);
+        };
+        let bad = |what: &str| Error::Config(format!("{name}={v:?} {what}"));
+        let secs: f64 = v.trim().parse().map_err(|_| {
+            bad("is not a number of seconds (e.g. \"5\" or \"0.5\"; 0 turns it off)")
+        })?;
+        if !secs.is_finite() {
+            return Err(bad("must be a finite number of seconds"));
+        }
+        if secs < 0.0 {
+            return Err(bad("must not be negative (0 turns it off)"));
+        }
+        let d = Duration::try_from_secs_f64(secs)
+            .map_err(|_| bad("is too large for a progress timeout"))?;
+        Ok((!d.is_zero()).then_some(d))
     }
 
     /// The spin before parking from `NUVEC_DISTRIBUTED_SPIN_US` (whole microseconds, 0 to
@@ -431,6 +467,38 @@ mod tests {
             log_level, [("NUVEC_DISTRIBUTED_LOG", "")] => ["NUVEC_DISTRIBUTED_LOG=\"\"", "not a log level"];
         a_numeric_log_level_is_refused:
             log_level, [("NUVEC_DISTRIBUTED_LOG", "3")] => ["NUVEC_DISTRIBUTED_LOG=\"3\"", "not a log level"];
+        a_progress_timeout_that_is_not_seconds_is_refused:
+            jaccl_progress_timeout, [("MLX_JACCL_PROGRESS_TIMEOUT_S", "5s")]
+                => ["MLX_JACCL_PROGRESS_TIMEOUT_S=\"5s\"", "not a number of seconds"];
+        a_negative_progress_timeout_is_refused:
+            jaccl_progress_timeout, [("JACCL_PROGRESS_TIMEOUT_S", "-1")]
+                => ["JACCL_PROGRESS_TIMEOUT_S=\"-1\"", "must not be negative"];
+        an_infinite_progress_timeout_is_refused:
+            jaccl_progress_timeout, [("JACCL_PROGRESS_TIMEOUT_S", "inf")]
+                => ["JACCL_PROGRESS_TIMEOUT_S=\"inf\"", "finite"];
+    }
+
+    #[test]
+    fn the_progress_timeout_is_read_in_seconds_jaccl_first_and_zero_is_off() {
+        let read = |vars: &[(&str, &str)]| {
+            let f = lookup(vars);
+            Env::from_fn(&f)
+                .jaccl_progress_timeout()
+                .expect("a valid value")
+        };
+        assert_eq!(read(&[]), None);
+        assert_eq!(read(&[("JACCL_PROGRESS_TIMEOUT_S", "0")]), None);
+        assert_eq!(
+            read(&[("MLX_JACCL_PROGRESS_TIMEOUT_S", "2.5")]),
+            Some(Duration::from_millis(2500))
+        );
+        assert_eq!(
+            read(&[
+                ("JACCL_PROGRESS_TIMEOUT_S", "3"),
+                ("MLX_JACCL_PROGRESS_TIMEOUT_S", "oops")
+            ]),
+            Some(Duration::from_secs(3))
+        );
     }
 
     #[test]

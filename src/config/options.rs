@@ -25,6 +25,7 @@ pub struct Options {
     pub(crate) log: LogLevel,
     pub(crate) key: Option<Key>,
     pub(crate) spin: Duration,
+    pub(crate) progress: Option<Duration>,
 }
 
 /// How long, by default, a TCP step that cannot progress keeps looking before it parks
@@ -41,6 +42,7 @@ impl Default for Options {
             log: LogLevel::Off,
             key: None,
             spin: DEFAULT_SPIN,
+            progress: None,
         }
     }
 }
@@ -80,6 +82,15 @@ impl Options {
     /// once and leaves the cores idle while waiting. See [`tcp`](crate::transport::tcp).
     pub fn spin(mut self, spin: Duration) -> Self {
         self.spin = spin.min(MAX_SPIN);
+        self
+    }
+
+    /// JACCL only: the longest a wait of an operation may go without any progress before the
+    /// operation fails, on top of its deadline (`JACCL_PROGRESS_TIMEOUT_S` or
+    /// `MLX_JACCL_PROGRESS_TIMEOUT_S` for [`init`](crate::init), as MLX's PR #4530 names
+    /// them; default off, and zero turns it off).
+    pub fn progress_timeout(mut self, limit: Duration) -> Self {
+        self.progress = (!limit.is_zero()).then_some(limit);
         self
     }
 

@@ -56,6 +56,10 @@
 use std::fmt;
 use std::time::Duration;
 
+mod watch;
+
+pub use watch::{CHECK_EVERY, Gone, Liveness, QUIET, Stop, Watch, blame};
+
 /// The address of a channel as one rank sees it: a peer and one link to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Channel {
@@ -291,6 +295,18 @@ pub enum FailureKind {
     /// The step was malformed (a channel that does not exist, a bad grain).
     #[error("invalid transfer: {0}")]
     Invalid(String),
+    /// A [`Liveness`] watcher found a peer gone while the step waited (JACCL's side
+    /// channel); the text names the rank.
+    #[error("{0}")]
+    Gone(String),
+    /// The step made no progress for longer than its progress timeout.
+    #[error("no progress for {waited:.3?}, past the progress timeout of {limit:?}")]
+    NoProgress {
+        /// How long the step had made none.
+        waited: Duration,
+        /// The progress timeout.
+        limit: Duration,
+    },
 }
 
 /// A failed step: which channel, which way, how far it got and why.

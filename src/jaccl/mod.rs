@@ -47,15 +47,24 @@
 //! - [`tcp`]: the cables as TCP connections, for tests and trials without RDMA.
 //! - `rdma` (cargo feature `jaccl` only): the RDMA fabric over MLX's UC queue pairs (the
 //!   verbs library loaded at run time), with `connect`, `devices()`, `available()` and
-//!   `unavailable()`.
+//!   `unavailable()`; `budget` (same feature): what a topology asks of each device against
+//!   Apple's limits (10 queue pairs, 100 memory regions, 63 work requests per queue), checked
+//!   before any queue pair is created.
 //!
 //! Everything but `rdma` builds without the `jaccl` feature.
 //!
 //! # Differences from MLX
 //!
-//! - **Deadlines.** MLX's JACCL waits forever for a completion: a rank whose peer died spins
-//!   (MLX issues #3910, #4278). Here every operation fails by its deadline with an error naming
-//!   the peer it was waiting for.
+//! - **Deadlines and dead peers.** MLX's JACCL waits forever for a completion: a rank whose
+//!   peer died spins (MLX issues #3910, #4278). Here every operation fails by its deadline with
+//!   an error naming the peer it was waiting for, and sooner when a peer dies: the side
+//!   channel's connections stay open for the group's life, and a waiting operation looks at
+//!   them (without sending anything) at most every 250 ms once it has heard nothing for
+//!   100 ms; rank 0 watches every rank and the others watch rank 0, and a rank whose group
+//!   fails closes its connections, so a death reaches every rank in two hops, in well under a
+//!   second ([`side_channel::protocol::liveness`]). A stopped rank keeps its connections and
+//!   is failed at the deadline. `JACCL_PROGRESS_TIMEOUT_S` (or `MLX_JACCL_PROGRESS_TIMEOUT_S`,
+//!   as MLX's PR #4530 names it) bounds every wait without progress too.
 //! - **Deterministic sum-scatter.** MLX reduces the shards of its `sum_scatter` (and of the large
 //!   mesh all-reduce) in the order messages complete, so float sums vary from run to run; here
 //!   they fold in rank order, one of MLX's possible results, the same on every run and rank.
@@ -81,6 +90,8 @@
 //! - **Not verified**: the RDMA fabric on Thunderbolt hardware, interoperation with MLX's C++
 //!   JACCL, and the layout of Apple's `ibv_gid` in [`Destination`].
 
+#[cfg(feature = "jaccl")]
+pub mod budget;
 pub mod comm;
 pub mod config;
 pub(crate) mod env;

@@ -166,7 +166,8 @@ fn remote(peer: usize, d: &Destination) -> Result<Remote, String> {
 ///
 /// # Errors
 ///
-/// [`Error::Config`] when the configuration has no topology;
+/// [`Error::Config`] when the configuration has no topology, or would pass one of Apple's
+/// limits on a device ([`budget`](super::budget));
 /// [`Error::InvalidArgument`] when `side` is not this rank's side channel of the same
 /// group; [`Error::Connect`] naming the device, the peer and the failing verbs call (a
 /// missing device, no IPv4-mapped GID, a refused queue pair…), a peer's malformed
@@ -191,6 +192,8 @@ pub fn connect(
         });
     }
     let topology = config.topology()?;
+    // Apple's limits, before anything is half built (one queue pair per peer in the mesh).
+    super::budget::check(config, topology, 1)?;
     let fail = |what: String| Error::Connect {
         rank,
         what: format!("jaccl: rdma: {what}"),

@@ -43,6 +43,21 @@
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 
+/// Apple's Thunderbolt 5 provider: queue pairs per device at most, across processes (the
+/// eleventh `ibv_create_qp` fails with `EBUSY`; measured on macOS 26.5.1, MLX issue #3162 and
+/// PR #4209). Not a constant of `verbs.h`: a property of the provider, kept here so that the
+/// RDMA fabric's bring-up check and the software provider enforce one number.
+pub const APPLE_MAX_QP_PER_DEVICE: usize = 10;
+
+/// Apple's Thunderbolt 5 provider: memory regions per device at most (about 100, MLX issues
+/// #3162 and #3205).
+pub const APPLE_MAX_MR_PER_DEVICE: usize = 100;
+
+/// Apple's Thunderbolt 5 provider: work requests outstanding per queue of a queue pair at most
+/// (63 sends and 63 receives are accepted whatever capacity `ibv_create_qp` reports,
+/// measured by hellas-ai/thunderbolt-ibverbs).
+pub const APPLE_MAX_WR_PER_QUEUE: u32 = 63;
+
 /// The size in bytes of the verbs library's `pthread_mutex_t` on this target.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 const MUTEX_BYTES: usize = 40;

@@ -30,12 +30,12 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
-/// Queue pairs per device at most (Apple's limit).
-pub(crate) const MAX_QPS: usize = 10;
+/// Queue pairs per device at most (Apple's limit, as the RDMA fabric's bring-up checks it).
+pub(crate) const MAX_QPS: usize = APPLE_MAX_QP_PER_DEVICE;
 /// Memory regions per device at most (Apple's limit).
-pub(crate) const MAX_MRS: usize = 100;
+pub(crate) const MAX_MRS: usize = APPLE_MAX_MR_PER_DEVICE;
 /// Send, and receive, work requests per queue pair at most (Apple's limit).
-pub(crate) const MAX_WR: u32 = 63;
+pub(crate) const MAX_WR: u32 = APPLE_MAX_WR_PER_QUEUE;
 /// Scatter/gather entries per work request at most.
 pub(crate) const MAX_SGE: u32 = 16;
 /// Completion queue entries at most.

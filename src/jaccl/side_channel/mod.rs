@@ -31,15 +31,21 @@
 //! - other ranks retry connecting until the timeout instead of MLX's 4 attempts over about 15 s;
 //! - `TCP_NODELAY` is set (MLX leaves Nagle's algorithm on): only the timing changes;
 //! - the ranks check what they can: that every rank sends as many records, that rank 0 sends
-//!   back this rank's own block unchanged, that barriers carry 0.
+//!   back this rank's own block unchanged, that barriers carry 0;
+//! - after bring-up the connections stay open for the life of the group (as in MLX) and are
+//!   watched while an operation waits, so that a rank that dies is noticed within a second
+//!   rather than at the deadline (as MLX's PR #4530 proposes): nothing is ever sent on them
+//!   after the last exchange, a look peeks without reading, and a rank tells the others only
+//!   by closing its connections, which puts no byte on the wire ([`protocol::liveness`]).
 //!
 //! # Layout
 //!
 //! - `record`: the [`Destination`] codec and [`RingDestinations`], pure;
 //! - [`protocol`]: the hello and every operation as a state machine without I/O (also what
 //!   the fuzz target drives);
-//! - `socket`: the TCP driver: listening, accepting, connecting with retries, and one bounded
-//!   read or write at a time;
+//! - `socket`: the TCP driver: listening, accepting, connecting with retries, one bounded
+//!   read or write at a time, and one look at a connection;
+//! - `watcher`: the connections after bring-up as the group's liveness watcher;
 //! - this file: [`SideChannel`], which runs the protocol over the sockets with a deadline per
 //!   all-gather.
 //!
@@ -60,9 +66,11 @@ use crate::limits;
 pub mod protocol;
 mod record;
 mod socket;
+mod watcher;
 
 use protocol::{Next, Operation, Output, Protocol};
 pub use record::{Destination, RingDestinations};
+pub(crate) use watcher::Watcher;
 
 /// The most bytes one receive asks the socket for (and the driver's buffer holds).
 const RECEIVE_CHUNK: usize = 1 << 20;
@@ -283,6 +291,20 @@ impl SideChannel {
             Output::Ring(ring) => Ok(ring),
             other => Err(self.unexpected(&other)),
         }
+    }
+
+    /// The connections kept for the life of the group, as the watcher its operations consult
+    /// while they wait (see [`protocol::liveness`]): nothing more is sent on them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connect`] when a connection cannot be made non-blocking.
+    pub(crate) fn into_watcher(self) -> Result<Watcher, Error> {
+        let (rank, size) = (self.protocol.rank(), self.protocol.size());
+        Watcher::new(rank, size, self.streams).map_err(|e| Error::Connect {
+            rank,
+            what: format!("jaccl: side channel: keeping the connections to watch them: {e}"),
+        })
     }
 
     /// Runs `op` over the connections, each all-gather within the timeout.

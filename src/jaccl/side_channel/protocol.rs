@@ -42,6 +42,7 @@ pub use hello::{HelloReader, Roster, hello};
 
 mod gather;
 mod hello;
+pub mod liveness;
 
 /// The most bytes one vector all-gather may move to a rank (R times the longest vector), so a
 /// garbled length cannot make a rank allocate without bound.

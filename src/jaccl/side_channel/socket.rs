@@ -16,6 +16,7 @@ use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
+use super::protocol::liveness::Look;
 use super::protocol::{HelloReader, Roster, Short, Stall, hello};
 use crate::limits;
 
@@ -62,6 +63,24 @@ pub(super) fn write_some(
             Err(e) if is_closed(&e) => return Err(Stall::Closed),
             Err(e) => return Err(Stall::Io(e)),
         }
+    }
+}
+
+/// One look at a non-blocking connection that reads and writes nothing: a peek at one byte
+/// (left in place) and the socket's pending error.
+pub(super) fn look(stream: &TcpStream) -> Look {
+    if let Ok(Some(e)) = stream.take_error() {
+        return Look::Failed(e.to_string());
+    }
+    let mut byte = [0u8; 1];
+    loop {
+        return match stream.peek(&mut byte) {
+            Ok(0) => Look::Closed,
+            Ok(_) => Look::Bytes,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Look::Nothing,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => Look::Failed(e.to_string()),
+        };
     }
 }
 

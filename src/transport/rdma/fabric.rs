@@ -10,7 +10,8 @@ use super::queue::{Completed, Completion, Undeliverable};
 use super::queue_pair::Qp;
 use super::verbs::status_name;
 use crate::fabric::{
-    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, most_stuck,
+    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Watch, blame,
+    most_stuck,
 };
 
 /// Why `transfer` cannot run on a fabric whose channels are `exists`: a channel that does not
@@ -82,6 +83,10 @@ pub(crate) fn check_transfer(transfer: &Transfer<'_>, exists: bool) -> Option<St
 ///   monotonic clock. When it passes, the step fails with `FailureKind::TimedOut` naming the
 ///   transfer that made the least progress: on UC a dead peer produces no error completion,
 ///   only silence.
+/// - While a step waits without a completion, it consults its [`Watch`] (JACCL's side channel:
+///   a peer found gone fails the step at once; and the progress timeout), at most every
+///   [`CHECK_EVERY`](crate::fabric::CHECK_EVERY) once silent for
+///   [`QUIET`](crate::fabric::QUIET): UC never reports a dead peer by itself.
 /// - Transfers on the same channel and direction run in the order given.
 /// - `last_heard` is when a message from the peer last completed a receive.
 ///
@@ -97,6 +102,8 @@ pub struct RdmaFabric {
     by_peer: Vec<Vec<usize>>,
     /// Per peer, when a message from it last completed a receive ([`Fabric::last_heard`]).
     heard: Vec<Option<Duration>>,
+    /// What a step that waits without a completion consults.
+    watch: Watch,
 }
 
 impl fmt::Debug for RdmaFabric {
@@ -119,7 +126,14 @@ impl RdmaFabric {
             qps: Vec::new(),
             by_peer: vec![Vec::new(); size],
             heard: vec![None; size],
+            watch: Watch::default(),
         }
+    }
+
+    /// Makes every step that waits without a completion consult `watch` (see
+    /// [`Watch`](crate::fabric::Watch)).
+    pub(crate) fn set_watch(&mut self, watch: Watch) {
+        self.watch = watch;
     }
 
     /// The queue pairs, in the order they were added.
@@ -202,6 +216,17 @@ impl Fabric for RdmaFabric {
     }
 
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+        let result = self.step(step, deadline);
+        if result.is_err() {
+            self.watch.failed();
+        }
+        result
+    }
+}
+
+impl RdmaFabric {
+    /// [`Fabric::run`] but for telling the watch that the group failed.
+    fn step(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         let started = self.now();
         let n = step.len();
         let mut done = vec![false; n];
@@ -228,6 +253,8 @@ impl Fabric for RdmaFabric {
             self.qps[owner[t]].queue.push(t, transfer.direction());
         }
         let mut wcs: Vec<Completion> = Vec::new();
+        // When the step last progressed (or started), for its watch.
+        let mut quiet_since = started;
         while remaining > 0 {
             let mut progressed = false;
             for qp in self.qps.iter_mut() {
@@ -357,7 +384,19 @@ impl Fabric for RdmaFabric {
                     },
                 });
             }
-            if !progressed {
+            if progressed {
+                quiet_since = now;
+            } else {
+                if let Err(stop) = self.watch.waiting(now, quiet_since) {
+                    let heard = &self.heard;
+                    let t = blame(
+                        step,
+                        |i| done[i],
+                        |p| heard.get(p).copied().flatten(),
+                        stop.gone(),
+                    );
+                    return Err(stop.failure(step, t, 0, self.rank));
+                }
                 std::hint::spin_loop();
             }
         }

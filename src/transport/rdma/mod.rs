@@ -20,9 +20,10 @@
 //! # Limits
 //!
 //! Per queue pair: 1 protection domain, 1 completion queue, [`IN_FLIGHT`] + [`RECV_AHEAD`]
-//! memory regions, at most 32 work requests posted per queue. Apple's provider is reported to
-//! allow 10 queue pairs and 100 memory regions per device and 63 work requests per queue: a
-//! mesh of 8 ranks opens 7 queue pairs (one per device) and a ring of 4 wires 2 per device.
+//! memory regions, a capacity of [`WORK_REQUESTS`] per queue. Apple's provider is reported to
+//! allow 10 queue pairs and 100 memory regions per device and 63 work requests per queue
+//! (`nuvec_verbs_abi::APPLE_MAX_*`); `jaccl::rdma::connect` counts what a configuration
+//! needs of each device and refuses one that would pass a limit before any queue pair exists.
 
 mod fabric;
 mod memory;
@@ -44,3 +45,10 @@ pub const IN_FLIGHT: usize = 2;
 
 /// Receives kept posted per queue pair (MLX keeps 2).
 pub const RECV_AHEAD: usize = 4;
+
+/// The capacity asked of each queue of a queue pair, sends and receives (MLX's `MAX_SEND_WR`,
+/// `MAX_RECV_WR`); at most [`IN_FLIGHT`] sends and [`RECV_AHEAD`] receives are ever posted.
+pub(crate) const WORK_REQUESTS: u32 = 32;
+
+/// The memory regions each queue pair registers: one per frame.
+pub(crate) const REGIONS_PER_QUEUE_PAIR: usize = IN_FLIGHT + RECV_AHEAD;

@@ -10,7 +10,7 @@ use nuvec_verbs_abi as abi;
 use super::memory::Region;
 use super::queue::{Completion, Queue, recv_id, send_id};
 use super::verbs::{DeviceList, Verbs, no_device_hint};
-use super::{IN_FLIGHT, MAX_FRAME, RECV_AHEAD};
+use super::{IN_FLIGHT, MAX_FRAME, RECV_AHEAD, WORK_REQUESTS as MAX_WR};
 use crate::fabric::Channel;
 
 /// The port every queue pair uses (MLX: 1).
@@ -21,9 +21,6 @@ pub(crate) const PSN: u32 = 7;
 
 /// Entries of each completion queue (MLX: `MAX_SEND_WR` + `MAX_RECV_WR`).
 const CQ_ENTRIES: c_int = 64;
-
-/// Work requests per queue of a queue pair (MLX's `MAX_SEND_WR`, `MAX_RECV_WR`).
-const MAX_WR: u32 = 32;
 
 /// The source GID index of a global route (MLX hard-codes 1, whatever GID it advertised).
 const SGID_INDEX: u8 = 1;

@@ -41,8 +41,8 @@ use crate::config::log::Log;
 use crate::config::options::DEFAULT_SPIN;
 use crate::error::Error;
 use crate::fabric::{
-    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer,
-    most_stuck,
+    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer, Watch,
+    blame, most_stuck,
 };
 use crate::limits;
 use crate::transport::tcp::auth::Key;
@@ -74,6 +74,9 @@ pub struct TcpFabric {
     heard: Vec<Option<Duration>>,
     /// How long a step that cannot progress keeps looking before it parks in the poll.
     spin: Duration,
+    /// What a step that cannot progress consults (JACCL's side channel, a progress timeout);
+    /// nothing for MLX's ring.
+    watch: Watch,
 }
 
 impl std::fmt::Debug for TcpFabric {
@@ -141,7 +144,16 @@ impl TcpFabric {
             events: Events::with_capacity(64),
             epoch: Instant::now(),
             spin: DEFAULT_SPIN,
+            watch: Watch::default(),
         })
+    }
+
+    /// Makes every step that cannot progress consult `watch` (see
+    /// [`Watch`](crate::fabric::Watch)): a peer found gone or a wait past the progress timeout
+    /// fails the step.
+    pub(crate) fn with_watch(mut self, watch: Watch) -> Self {
+        self.watch = watch;
+        self
     }
 
     /// Sets how long a step that cannot progress keeps looking (yielding the core between
@@ -314,6 +326,17 @@ impl Fabric for TcpFabric {
     }
 
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+        let result = self.step(step, deadline);
+        if result.is_err() {
+            self.watch.failed();
+        }
+        result
+    }
+}
+
+impl TcpFabric {
+    /// [`Fabric::run`] but for telling the watch that the group failed.
+    fn step(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         let started = self.now();
         for t in step.iter() {
             let c = t.channel();
@@ -341,6 +364,8 @@ impl Fabric for TcpFabric {
             })
             .collect();
         let mut idle_since: Option<Duration> = None;
+        // When the step last moved a byte (or started), for its watch.
+        let mut quiet_since = started;
         loop {
             let mut moved = false;
             let mut finished = true;
@@ -376,6 +401,7 @@ impl Fabric for TcpFabric {
             }
             if moved {
                 idle_since = None;
+                quiet_since = self.now();
                 continue;
             }
             let now = self.now();
@@ -397,7 +423,24 @@ impl Fabric for TcpFabric {
                     },
                 });
             }
-            match self.poll.poll(&mut self.events, Some(deadline - now)) {
+            if !self.watch.is_idle()
+                && let Err(stop) = self.watch.waiting(now, quiet_since)
+            {
+                let heard = &self.heard;
+                let i = blame(
+                    step,
+                    |i| progress[i].done == step[i].len(),
+                    |p| heard.get(p).copied().flatten(),
+                    stop.gone(),
+                );
+                let done = i.map_or(0, |i| progress[i].done);
+                return Err(stop.failure(step, i, done, self.rank));
+            }
+            let wake = match self.watch.wake_by(quiet_since) {
+                Some(at) if at < deadline => at.max(now),
+                _ => deadline,
+            };
+            match self.poll.poll(&mut self.events, Some(wake - now)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
