@@ -68,15 +68,18 @@ pub fn connect(
 
     // Which cables this rank opens (peer, cable) and how many it accepts per peer.
     let wires = match topology {
-        Topology::Mesh => 1,
-        Topology::Ring { wires } => wires,
+        Topology::Mesh { wires } | Topology::Ring { wires } => wires,
     };
     let right = (rank + 1) % size;
     let left = (rank + size - 1) % size;
     let (opens, accepts): (Cables, Cables) = match topology {
-        Topology::Mesh => (
-            (rank + 1..size).map(|j| (j, 0)).collect(),
-            (0..rank).map(|i| (i, 0)).collect(),
+        Topology::Mesh { .. } => (
+            (rank + 1..size)
+                .flat_map(|j| (0..wires).map(move |w| (j, w)))
+                .collect(),
+            (0..rank)
+                .flat_map(|i| (0..wires).map(move |w| (i, w)))
+                .collect(),
         ),
         Topology::Ring { .. } if size < 2 => (Vec::new(), Vec::new()),
         Topology::Ring { .. } => (
