@@ -6,13 +6,14 @@
 //! the same side channel. Where JACCL exchanges queue-pair [`Destination`](super::Destination)s
 //! over the side channel, each rank here listens on an ephemeral TCP port and all-gathers its
 //! address (18 bytes: an IPv6 or IPv4-mapped address and a port). Then every cable becomes a
-//! connection: in a mesh, rank i connects to every rank j > i; in a ring, every rank connects
+//! connection: in a mesh of W wires, rank i connects its W cables to every rank j > i; in a
+//! ring, every rank connects
 //! its C wires to its right neighbour. A connection opens with a 12-byte hello (`b"NJT1"`, the
 //! opener's rank and the cable, little-endian `u32`s), so the acceptor knows which channel it
 //! is. The acceptor reads the hellos of all its accepted connections at once without blocking,
 //! so a connection that sends no whole hello (a stranger) holds up no cable; it is dropped
 //! once the real cables are in, or named when the deadline passes. The channels are numbered as [`Wiring`](crate::fabric::Wiring) numbers them, so the
-//! mesh's channel to `p` is link 0 and the ring's `right_[w]`/`left_[w]` are
+//! mesh's channel to `p` on wire w is link w and the ring's `right_[w]`/`left_[w]` are
 //! [`RingTopology::channel`](crate::ring::RingTopology::channel)'s.
 //!
 //! This is not wire-compatible with anything of MLX's (MLX's JACCL speaks only RDMA): it exists

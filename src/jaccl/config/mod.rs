@@ -17,6 +17,11 @@
 //! - an empty device name is refused (MLX would open no device for it);
 //! - a ring needs at least one device per neighbour (MLX counts a matrix whose neighbour
 //!   entries are all empty as a ring of zero cables, which cannot carry anything).
+//!
+//! A mesh entry may list several devices, one per cable, as `mlx.distributed_config` 0.32.4
+//! writes when every pair has two or more: the mesh then has as many wires as the least
+//! number of devices of an entry over all pairs ([`Topology::Mesh`]), and MLX's validity rule is
+//! unchanged (non-empty entries off the diagonal, empty ones on it).
 
 use std::ffi::OsString;
 use std::path::Path;
