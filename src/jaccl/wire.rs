@@ -16,7 +16,7 @@ pub(crate) type Step<'a> = Vec<Transfer<'a>>;
 /// A receive sink that keeps only the payload at the front of its frame.
 pub(crate) type Sink<'a> = Box<dyn FnMut(usize, &[u8]) + Send + 'a>;
 
-/// Buffers the JACCL algorithms reuse from one operation to the next: one [`Lane`] per wire
+/// Buffers the JACCL algorithms reuse from one operation to the next: one lane per wire
 /// that runs at once (the ring uses the first only).
 #[derive(Debug, Default)]
 pub struct Scratch {
