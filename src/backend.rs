@@ -209,7 +209,7 @@ fn jaccl_group<F: Fabric + Send + 'static>(
     log: Log,
 ) -> Group {
     let comm = match topology {
-        jaccl::Topology::Mesh => JacclCommunicator::mesh(fabric, rule, timeout),
+        jaccl::Topology::Mesh { .. } => JacclCommunicator::mesh(fabric, rule, timeout),
         jaccl::Topology::Ring { wires } => JacclCommunicator::ring(fabric, wires, rule, timeout),
     };
     Group::new(Arc::new(comm.with_log(log)))

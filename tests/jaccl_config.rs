@@ -162,17 +162,23 @@ macro_rules! topology {
 
 topology! {
     a_two_rank_mesh_is_a_mesh: r#"[[null,"a"],["b",null]]"#, prefer_ring false
-        => (true, true, Ok(Topology::Mesh));
+        => (true, true, Ok(Topology::Mesh { wires: 1 }));
     a_two_rank_mesh_preferred_as_ring_is_a_ring: r#"[[null,"a"],["b",null]]"#, prefer_ring true
         => (true, true, Ok(Topology::Ring { wires: 1 }));
     a_three_rank_mesh_is_a_mesh: MESH3, prefer_ring false
-        => (true, true, Ok(Topology::Mesh));
+        => (true, true, Ok(Topology::Mesh { wires: 1 }));
     a_mesh_with_two_cables_preferred_as_ring_has_two_wires: r#"[[null,["a","b"]],[["c","d"],null]]"#, prefer_ring true
         => (true, true, Ok(Topology::Ring { wires: 2 }));
     a_four_rank_ring_is_a_ring_without_preference: r#"[[null,"a",null,"b"],["a",null,"b",null],[null,"a",null,"b"],["a",null,"b",null]]"#, prefer_ring false
         => (false, true, Ok(Topology::Ring { wires: 1 }));
     a_preferred_ring_with_uneven_cables_falls_back_to_the_mesh: r#"[[null,["a","b"],"c"],["a",null,"c"],["a","b",null]]"#, prefer_ring true
-        => (true, false, Ok(Topology::Mesh));
+        => (true, false, Ok(Topology::Mesh { wires: 1 }));
+    a_mesh_with_two_cables_per_pair_has_two_wires: r#"[[null,["a","b"]],[["c","d"],null]]"#, prefer_ring false
+        => (true, true, Ok(Topology::Mesh { wires: 2 }));
+    a_mesh_has_as_many_wires_as_its_least_cabled_pair: r#"[[null,["a","b","c"],["d","e"]],[["a","b","c"],null,["f","g","h"]],[["d","e"],["f","g","h"],null]]"#, prefer_ring false
+        => (true, false, Ok(Topology::Mesh { wires: 2 }));
+    one_single_cable_makes_a_one_wire_mesh: r#"[[null,["a","b"],["c","d"]],[["a","b"],null,"e"],[["c","d"],["e","f"],null]]"#, prefer_ring false
+        => (true, false, Ok(Topology::Mesh { wires: 1 }));
     a_single_rank_is_neither: "[[null]]", prefer_ring false
         => (false, false, Err("should define a valid mesh or a valid ring"));
     a_device_on_the_diagonal_of_a_two_rank_matrix_is_only_a_ring: r#"[["x","a"],["b",null]]"#, prefer_ring false
@@ -209,7 +215,7 @@ fn the_mesh_limit_is_mlx_eight_ranks() {
     assert_eq!(MESH_MAX_PEERS, 8);
     assert_eq!(RING_MAX_CONNS, 4);
     let eight = Config::new(7, devices(&mesh_json(8))).coordinator("h:1");
-    assert_eq!(eight.topology().unwrap(), Topology::Mesh);
+    assert_eq!(eight.topology().unwrap(), Topology::Mesh { wires: 1 });
     let nine = Config::new(0, devices(&mesh_json(9))).coordinator("h:1");
     let m = config_message(nine.topology());
     assert!(
@@ -228,6 +234,27 @@ fn mesh_devices_give_the_first_device_towards_each_rank() {
     assert_eq!(
         c.mesh_devices().unwrap(),
         vec![Some("rdma_en4"), Some("rdma_en3"), None]
+    );
+}
+
+#[test]
+fn mesh_wire_devices_give_the_w_th_device_towards_each_rank_on_wire_w() {
+    // mlx.distributed_config's form when every pair has two cables; rank 2 lists a third
+    // cable to rank 0, which no wire uses (the least count over all pairs is 2).
+    let text = r#"[[null,["en1","en2"],["en3","en4"]],
+                   [["en1","en2"],null,["en5","en6"]],
+                   [["en3","en4","en9"],["en5","en6"],null]]"#;
+    let c = Config::new(2, devices(text));
+    assert_eq!(
+        c.mesh_wire_devices().unwrap(),
+        vec![
+            vec![Some("en3"), Some("en5"), None],
+            vec![Some("en4"), Some("en6"), None]
+        ]
+    );
+    assert_eq!(
+        c.mesh_devices().unwrap(),
+        vec![Some("en3"), Some("en5"), None]
     );
 }
 

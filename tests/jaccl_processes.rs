@@ -208,7 +208,9 @@ fn fault() {
     let mut side = SideChannel::connect(&coordinator, rank, size, setup).expect("side channel");
     let fabric = jaccl::rdma::connect(&config, &mut side, setup).expect("the RDMA fabric");
     let comm = match config.topology().expect("a topology") {
-        jaccl::Topology::Mesh => JacclCommunicator::mesh(fabric, FrameRule::Small, FAULT_TIMEOUT),
+        jaccl::Topology::Mesh { .. } => {
+            JacclCommunicator::mesh(fabric, FrameRule::Small, FAULT_TIMEOUT)
+        }
         jaccl::Topology::Ring { wires } => {
             JacclCommunicator::ring(fabric, wires, FrameRule::Small, FAULT_TIMEOUT)
         }

@@ -126,7 +126,7 @@ fn every_peer_receives_the_frames_sent_to_it_on_every_channel() {
     let mut fabric = rdma::connect(&config, &mut side, TIMEOUT).unwrap();
     assert_eq!(fabric.kind(), ChannelKind::Message);
     let wiring = match config.topology().unwrap() {
-        Topology::Mesh => Wiring::mesh(size, 1),
+        Topology::Mesh { wires } => Wiring::mesh(size, wires),
         Topology::Ring { wires } => Wiring::ring(size, wires),
     };
     let channels: Vec<Channel> = (0..size)

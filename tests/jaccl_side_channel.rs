@@ -357,8 +357,20 @@ fn ranks<T: Send>(
 }
 
 fn mesh_run(size: usize) {
+    mesh_run_of_wires(size, 1);
+}
+
+/// A mesh exchange of `wires` queue pairs per peer, wire-major as MLX 0.32.4: entry
+/// `w·R + j` is the queue pair towards rank j on wire w.
+fn mesh_run_of_wires(size: usize, wires: usize) {
+    let of = |rank: usize, at: usize| {
+        let (w, j) = (at / size, at % size);
+        let mut d = dest(rank, j);
+        d.queue_pair_number += 100_000 * w as i32;
+        d
+    };
     let results = ranks(size, |rank, c| {
-        let mine: Vec<Destination> = (0..size).map(|j| dest(rank, j)).collect();
+        let mine: Vec<Destination> = (0..wires * size).map(|at| of(rank, at)).collect();
         let all = c.exchange_mesh(&mine)?;
         c.barrier()?;
         Ok(all)
@@ -366,13 +378,27 @@ fn mesh_run(size: usize) {
     for (rank, all) in results.iter().enumerate() {
         assert_eq!(all.len(), size);
         for (j, row) in all.iter().enumerate() {
-            let expected: Vec<Destination> = (0..size).map(|k| dest(j, k)).collect();
+            let expected: Vec<Destination> = (0..wires * size).map(|at| of(j, at)).collect();
             assert_eq!(
                 *row, expected,
                 "rank {rank} got rank {j}'s destinations wrong"
             );
+            for w in 0..wires {
+                // What this rank's queue pair towards j on wire w connects to.
+                assert_eq!(row[w * size + rank], of(j, w * size + rank));
+            }
         }
     }
+}
+
+#[test]
+fn three_ranks_exchange_a_mesh_of_three_wires_wire_major() {
+    mesh_run_of_wires(3, 3);
+}
+
+#[test]
+fn two_ranks_exchange_a_mesh_of_two_wires_wire_major() {
+    mesh_run_of_wires(2, 2);
 }
 
 fn ring_run(size: usize, wires: usize) {

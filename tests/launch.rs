@@ -403,6 +403,14 @@ const MESH: [&str; 3] = [
     r#"["rdma_en2", "rdma_en3", null]"#,
 ];
 
+/// A mesh of two cables per pair, in the list form `mlx.distributed_config` 0.32.4 writes
+/// when every pair has two or more (MLX 0.32.4's multi-wire mesh).
+const MESH_TWO_WIRES: [&str; 3] = [
+    r#"[null, ["rdma_en1", "rdma_en2"], ["rdma_en3", "rdma_en4"]]"#,
+    r#"[["rdma_en1", "rdma_en2"], null, ["rdma_en5", "rdma_en6"]]"#,
+    r#"[["rdma_en3", "rdma_en4"], ["rdma_en5", "rdma_en6"], null]"#,
+];
+
 const RING: [&str; 4] = [
     r#"[null, ["rdma_en1", "rdma_en2"], null, "rdma_en4"]"#,
     r#"[["rdma_en1", "rdma_en2"], null, "rdma_en3", null]"#,
@@ -478,16 +486,21 @@ fn jaccl_and_jaccl_ring_jobs_run_a_real_all_sum_over_tcp() {
     jaccl_jobs(nuvec_launch_binary(), &["--env", "NUVEC_JACCL_FABRIC=tcp"]);
 }
 
-/// Runs a 3-rank mesh and a 4-rank ring through `launcher` with the extra launcher arguments
-/// `extra`, each rank joining by `nuvec_distributed::init` and checking one all_sum.
+/// Runs a 3-rank mesh, a 3-rank mesh of two wires and a 4-rank ring through `launcher` with
+/// the extra launcher arguments `extra`, each rank joining by `nuvec_distributed::init` and
+/// checking one all_sum.
 fn jaccl_jobs(launcher: &Path, extra: &[&str]) {
     let _job = exclusive();
     let dir = scratch("jaccl-job");
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).expect("create TMPDIR");
     let command = rank_command();
-    for (backend, rdma) in [("jaccl", &MESH[..]), ("jaccl-ring", &RING_OF_FOUR[..])] {
-        let hostfile = dir.join(format!("{backend}.json"));
+    for (backend, rdma) in [
+        ("jaccl", &MESH[..]),
+        ("jaccl", &MESH_TWO_WIRES[..]),
+        ("jaccl-ring", &RING_OF_FOUR[..]),
+    ] {
+        let hostfile = dir.join(format!("{backend}-{}.json", rdma[0].len()));
         std::fs::write(&hostfile, jaccl_hostfile(backend, rdma)).expect("write the host file");
         let hostfile_arg = hostfile.display().to_string();
         let port = free_ports(1).to_string();
@@ -558,8 +571,9 @@ fn jaccl_and_jaccl_ring_jobs_run_over_the_rdma_fabric_launched_by_nuvec_launch_a
     let devices = format!(
         "NUVEC_VERBS_EMU_DEVICES={}",
         emu::device_names(&format!(
-            "[{}, {}]",
+            "[{}, {}, {}]",
             MESH.join(", "),
+            MESH_TWO_WIRES.join(", "),
             RING_OF_FOUR.join(", ")
         ))
     );

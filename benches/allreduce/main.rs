@@ -172,11 +172,11 @@ fn run_jaccl_rank(args: &Args) -> Result<()> {
     )?;
     config.validate()?;
     let wires = match (args.backend, config.topology()?) {
-        (Backend::JacclMesh, Topology::Mesh) => None,
+        (Backend::JacclMesh, Topology::Mesh { .. }) => None,
         (Backend::JacclRing, Topology::Ring { wires }) => Some(wires),
         (backend, topology) => {
             let found = match topology {
-                Topology::Mesh => "a mesh".to_string(),
+                Topology::Mesh { .. } => "a mesh".to_string(),
                 Topology::Ring { wires } => format!("a ring of {wires} cable(s) per neighbour"),
             };
             return Err(format!(

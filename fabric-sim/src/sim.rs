@@ -74,7 +74,14 @@ impl Sim {
 
     /// A JACCL mesh of `ranks` ranks: one UC queue pair between every pair, [`Uc::default`].
     pub fn mesh(ranks: usize) -> Self {
-        Self::new(Wiring::mesh(ranks, 1)).uc(Uc::default())
+        Self::mesh_wires(ranks, 1)
+    }
+
+    /// A JACCL mesh of `ranks` ranks with `wires` cables between every pair (MLX 0.32.4's
+    /// multi-wire mesh): `wires` UC queue pairs between every pair, wire w being link w at
+    /// both ends, [`Uc::default`].
+    pub fn mesh_wires(ranks: usize, wires: usize) -> Self {
+        Self::new(Wiring::mesh(ranks, wires)).uc(Uc::default())
     }
 
     /// A JACCL ring of `ranks` ranks with `wires` UC queue pairs to each neighbour, numbered as
@@ -185,7 +192,8 @@ impl Sim {
     }
 
     /// Runs `body` on every rank with its `nuvec_core` group over JACCL: the mesh for a
-    /// simulation made by [`Sim::mesh`], the ring for one made by [`Sim::jaccl_ring`], every
+    /// simulation made by [`Sim::mesh`] or [`Sim::mesh_wires`], the ring for one made by
+    /// [`Sim::jaccl_ring`], every
     /// rank with the frame rule `rule` and every operation bounded by `timeout` of virtual time.
     ///
     /// ```

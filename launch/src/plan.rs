@@ -697,6 +697,22 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_wire_mesh_keeps_its_cable_lists_as_mlx_distributed_config_writes_them() {
+        // Every pair with two cables: mlx.distributed_config 0.32.4 lists both, in the same
+        // cable order at both ends, and MLX 0.32.4's mesh runs one wire per cable.
+        let hf = r#"[
+            {"ssh": "a", "ips": ["10.0.0.1"], "rdma": [null, ["rdma_en1", "rdma_en2"], ["rdma_en3", "rdma_en4"]]},
+            {"ssh": "b", "rdma": [["rdma_en1", "rdma_en2"], null, ["rdma_en5", "rdma_en6"]]},
+            {"ssh": "c", "rdma": [["rdma_en3", "rdma_en4"], ["rdma_en5", "rdma_en6"], null]}]"#;
+        let p = plan_with(&["--backend", "jaccl", "x"], hf).unwrap();
+        assert_eq!(p.file_var, "MLX_IBV_DEVICES");
+        assert_eq!(
+            p.file_content,
+            r#"[[null, ["rdma_en1", "rdma_en2"], ["rdma_en3", "rdma_en4"]], [["rdma_en1", "rdma_en2"], null, ["rdma_en5", "rdma_en6"]], [["rdma_en3", "rdma_en4"], ["rdma_en5", "rdma_en6"], null]]"#
+        );
+    }
+
+    #[test]
     fn jaccl_ring_only_needs_the_neighbours_and_keeps_cable_lists() {
         let hf = r#"[
             {"ssh": "a", "ips": ["10.0.0.1"], "rdma": [null, ["rdma_en1", "rdma_en2"], null, "rdma_en4"]},

@@ -29,7 +29,7 @@ use crate::ring::RingTopology;
 /// How the ranks of a JACCL group are cabled, with this rank's place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
-    /// A full mesh: one queue pair (channel link 0) to every peer.
+    /// A full mesh: one queue pair per wire to every peer (wire w: channel link w).
     Mesh(MeshTopology),
     /// A ring: C queue pairs to each neighbour, numbered as the TCP ring's connections.
     Ring(RingTopology),
@@ -72,15 +72,26 @@ impl<F: Fabric> std::fmt::Debug for JacclCommunicator<F> {
 }
 
 impl<F: Fabric> JacclCommunicator<F> {
-    /// The mesh over `fabric`, which must have a channel (link 0) to every peer.
+    /// The mesh over `fabric`, which must have the same number of channels (links 0 to
+    /// W − 1, one per wire) to every peer, and the same W on every rank, as
+    /// [`Wiring::mesh`](crate::fabric::Wiring::mesh) and the JACCL fabrics give them
+    /// (W is the configuration's least number of cables over all pairs,
+    /// [`Topology::Mesh`](super::Topology::Mesh)).
     ///
     /// # Panics
-    /// If a peer has no channel.
+    /// If a peer has no channel, or the peers do not all have the same number.
     pub fn mesh(fabric: F, rule: FrameRule, timeout: Duration) -> Self {
         let mesh = MeshTopology::new(fabric.rank(), fabric.size(), rule);
-        for p in mesh.peers() {
-            assert!(fabric.links(p) >= 1, "jaccl mesh: no channel to rank {p}");
+        let links: Vec<usize> = mesh.peers().map(|p| fabric.links(p)).collect();
+        for (p, &n) in mesh.peers().zip(&links) {
+            assert!(n >= 1, "jaccl mesh: no channel to rank {p}");
+            assert_eq!(
+                n, links[0],
+                "jaccl mesh: rank {p} has {n} links, the first peer {}",
+                links[0]
+            );
         }
+        let mesh = mesh.with_wires(links.first().copied().unwrap_or(1));
         Self::with(fabric, Layout::Mesh(mesh), rule, timeout)
     }
 

@@ -30,6 +30,11 @@ pub const MESH_SMALL_BYTES: usize = 32_768;
 /// At most this many bytes, the ring all-reduce uses one direction of one wire.
 pub const RING_SMALL_BYTES: usize = 32_768;
 
+/// From this many bytes on, a mesh with several wires (cables per pair of ranks) cuts an
+/// operation across all of them; below it, wire 0 carries the whole operation (MLX 0.32.4's
+/// `MESH_MULTI_WIRE_MIN_BYTES`, `mesh_impl.h` line 13).
+pub const MESH_MULTI_WIRE_MIN_BYTES: usize = 512 * 1024;
+
 /// How frames are sized: MLX picks large frames only when the running OS is macOS 26.3 or later
 /// (a runtime check), so peers on 26.2 and on 26.3 cannot share a job. Every rank of a job must
 /// use the same rule.
@@ -120,6 +125,29 @@ impl MeshReduce {
             }
         }
     }
+}
+
+/// MLX 0.32.4's `MeshGroup::split_wires`: which part of an operation each wire of a mesh
+/// carries. `bytes` is the size MLX compares with [`MESH_MULTI_WIRE_MIN_BYTES`] (the buffer of
+/// an all-reduce, one rank's block of an all-gather, the output shard of a sum-scatter, the
+/// message of a send), `total` what is cut (elements for the reductions, bytes otherwise).
+///
+/// Below the threshold, or with one wire, the one range `0..total` for wire 0. From it on,
+/// `wires` contiguous ranges of `⌈total / wires⌉`, the last ones clipped to `total` (so the
+/// last wire may carry less, or nothing): range `w` is wire `w`'s.
+pub fn mesh_wire_ranges(bytes: usize, total: usize, wires: usize) -> Vec<Range<usize>> {
+    let used = if bytes >= MESH_MULTI_WIRE_MIN_BYTES {
+        wires.max(1)
+    } else {
+        1
+    };
+    let per_wire = ceil_div(total, used);
+    (0..used)
+        .map(|w| {
+            let start = (w * per_wire).min(total);
+            start..(start + per_wire).min(total)
+        })
+        .collect()
 }
 
 /// The geometry of the ring all-reduce (reference §3.7): directions, wires, and the slice of
@@ -346,6 +374,33 @@ mod tests {
                 tail: 2
             }
         );
+    }
+
+    #[test]
+    fn mesh_wires_split_only_from_half_a_mebibyte_and_tile_the_operation() {
+        let below = MESH_MULTI_WIRE_MIN_BYTES - 1;
+        assert_eq!(mesh_wire_ranges(below, 1000, 3), vec![0..1000]);
+        assert_eq!(
+            mesh_wire_ranges(MESH_MULTI_WIRE_MIN_BYTES, 1000, 3),
+            vec![0..334, 334..668, 668..1000]
+        );
+        // The last wire takes what is left, possibly nothing (MLX clips the offset to total).
+        assert_eq!(
+            mesh_wire_ranges(MESH_MULTI_WIRE_MIN_BYTES, 4, 3),
+            vec![0..2, 2..4, 4..4]
+        );
+        for wires in 1..=4 {
+            for total in [0, 1, 5, 131_072, 131_073] {
+                let ranges = mesh_wire_ranges(1 << 20, total, wires);
+                assert_eq!(ranges.len(), wires);
+                let mut next = 0;
+                for r in ranges {
+                    assert_eq!(r.start, next);
+                    next = r.end;
+                }
+                assert_eq!(next, total);
+            }
+        }
     }
 
     #[test]

@@ -25,10 +25,39 @@
 //!
 //! # Version
 //!
-//! The wire protocol of JACCL has changed several times. This module follows MLX 0.32.x (the
-//! sources at commit `846d176`, `mlx==0.32.4`), with the ring `all_gather` as fixed upstream in
-//! MLX PR #4443 (the two directions carry the two halves of every rank's block). Peers must run
-//! that version and the same frame rule ([`FrameRule`]: large frames on macOS 26.3 and later).
+//! The wire protocol of JACCL has changed several times. This module follows MLX 0.32.4
+//! (`mlx==0.32.4`): the sources at commit `846d176` (0.32.2-dev) for everything 0.32.4 did not
+//! change, and 0.32.4's own JACCL headers (`mlx/include/mlx/distributed/jaccl/lib/jaccl/` in the
+//! wheel) and its `mesh.cpp` for what it did. Peers must run that version and the same frame rule
+//! ([`FrameRule`]: large frames on macOS 26.3 and later). What was compared, header by header,
+//! between `846d176` and 0.32.4, and which one each part follows:
+//!
+//! | part | 846d176 → 0.32.4 | followed |
+//! | --- | --- | --- |
+//! | `rdma.h`: frames (`FRAME_SIZE`, 8 size classes, `NUM_BUFFERS` 2, the macOS 26.3 rule), work requests, `Destination`, the side channel's `all_gather`, `barrier` | unchanged | both ([`frames`], [`side_channel`]) |
+//! | `tcp.h` (the side channel's sockets), `types.h`, `group.h`, `reduction_ops.h` | unchanged | both |
+//! | `ring.h`; `ring_impl.h`'s all-reduce, sum-scatter, send/recv | unchanged but for `dispatch_wires` moving to `threadpool.h` (no byte changes) | both ([`ring`]) |
+//! | `ring_impl.h`'s all-gather | fixed (MLX PR #4443): direction 1 carries the second half of every block, the pass limit is n·R | 0.32.4 |
+//! | `mesh.h`, `mesh.cpp`: one `MeshImpl` over one queue pair per peer | several wires: `n_wires_` `MeshImpl`s, one per wire, each over its own queue pairs and buffers; `split_wires`; a thread pool runs the wires at once (`dispatch_wires`) | 0.32.4 ([`mesh`]) |
+//! | `mesh_impl.h`: `all_gather(in, out, n)`, `sum_scatter(in, out, count)` | a stride argument each (`MESH_MULTI_WIRE_MIN_BYTES` = 512 KiB added) | 0.32.4 |
+//! | the mesh all-reduce's choice (R > 2 and above 32 KiB: scatter-gather) | made on the whole operation, then per wire on its range | 0.32.4 (the same with one wire) |
+//! | `jaccl.h`: `get_mesh_connectivity` → one device per peer | one list of devices per wire | 0.32.4 ([`Config::mesh_wire_devices`]) |
+//! | the mesh's bring-up: one all-gather of R `Destination`s | every queue pair of every wire to INIT, then one all-gather of W·R, wire-major | 0.32.4 ([`SideChannel::exchange_mesh`]) |
+//! | `mlx.distributed_config`: one device per mesh entry | a list of one device per cable when every pair has two or more; `mlx.launch`: the #4284 host-file checks | 0.32.4 (`nuvec-launch` passes both forms on) |
+//!
+//! ## The multi-wire mesh
+//!
+//! When the device file lists, for a pair of ranks, several devices (one per cable), the mesh
+//! has W wires, W the least number of devices of an entry over all pairs (the first W devices
+//! of every entry are used, the w-th on both ends being one cable): [`Topology::Mesh`]'s
+//! `wires`. Each rank opens one queue pair per wire per peer, the channel `(peer, link w)`;
+//! over TCP one connection per cable. The operations of at least 512 KiB are cut into W
+//! contiguous ranges of `⌈total/W⌉` (elements for the reductions, bytes for the all-gather and
+//! send/recv; the last range takes the remainder), and each wire runs the one-wire algorithm
+//! on its range ([`mesh`] says how that maps onto fabric steps); below 512 KiB wire 0 carries
+//! the whole operation. The threshold is compared with the all-reduce's buffer, the
+//! all-gather's per-rank block, the sum-scatter's output shard and the message of a send.
+//! With one cable per pair the bytes are those of `846d176`.
 //!
 //! # The pieces
 //!
@@ -39,7 +68,7 @@
 //! - [`mesh`] and [`ring`]: the algorithms, written once over
 //!   [`Fabric`](crate::fabric::Fabric): the mesh's all-reduce (a rank-order fold; reduce-scatter,
 //!   all-gather and tail above 32 KiB with more than 2 ranks), sum-scatter, all-gather and
-//!   send/recv to any peer; the ring's all-reduce (one direction of one wire below MLX's
+//!   send/recv to any peer, each cut across the mesh's wires from 512 KiB on; the ring's all-reduce (one direction of one wire below MLX's
 //!   thresholds, else two directions of every wire), all-gather and neighbour send/recv. Every
 //!   message is a whole frame, as many per queue pair as MLX sends.
 //! - [`comm`]: [`JacclCommunicator`], the `nuvec_core` communicator over any fabric: checked
@@ -74,7 +103,8 @@
 //!
 //! - In simulation (`tests/sim_jaccl.rs`, over the simulator's UC message channels): results
 //!   bit-identical on every rank and equal to an independent model's fold, for every dtype and
-//!   op, 2 to 8 ranks, 1 to 4 wires, both frame rules and sizes around every threshold; the
+//!   op, 2 to 8 ranks, 1 to 4 ring wires and 1 to 3 mesh wires (`tests/sim_jaccl_wires.rs`),
+//!   both frame rules and sizes around every threshold (32 KiB and 512 KiB included); the
 //!   exact list of messages on every queue pair; and under lost messages, error completions,
 //!   dead or stalled peers and UC's drop rule, every rank fails naming a peer by its deadline
 //!   and none returns wrong data. That last guarantee rests on numbered messages: the
@@ -82,11 +112,14 @@
 //!   (a difference from MLX, whose lost frame lets the next one take its place unnoticed).
 //! - Across processes over TCP (`tests/jaccl_processes.rs`): meshes of 2 to 4 ranks and rings
 //!   of 2 to 4 ranks with 1 or 2 wires, through `nuvec_distributed::init` and
-//!   `nuvec_core::distributed`, every dtype against the model, and a lost peer.
+//!   `nuvec_core::distributed`, every dtype against the model, and a lost peer; meshes of 2 to
+//!   8 ranks with 1 to 3 wires, every collective against the model
+//!   (`tests/jaccl_wires_processes.rs`).
 //! - Across processes over the RDMA fabric (feature `jaccl`) driving the software RDMA
 //!   provider of `fabric-sim/verbs/`: the same jobs, bit-identical to TCP, and lost messages,
 //!   error completions, silent deaths and strict UC drops ending in errors naming a peer
-//!   (`tests/jaccl_processes.rs`, `tests/jaccl_rdma.rs`, `tests/launch.rs`).
+//!   (`tests/jaccl_processes.rs`, `tests/jaccl_rdma.rs`, `tests/launch.rs`); multi-wire meshes
+//!   of 2 to 8 ranks, every wire on devices of its own (`tests/jaccl_wires_processes.rs`).
 //! - **Not verified**: the RDMA fabric on Thunderbolt hardware, interoperation with MLX's C++
 //!   JACCL, and the layout of Apple's `ibv_gid` in [`Destination`].
 

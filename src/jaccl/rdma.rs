@@ -12,8 +12,10 @@
 //!
 //! # Channels
 //!
-//! - **Mesh**: one queue pair per peer, the channel `(peer, link 0)`; it connects to the
-//!   peer's queue pair towards this rank.
+//! - **Mesh** of W wires: one queue pair per wire per peer, on the wire's device of the
+//!   device file's entry, the channel `(peer, link w)` for wire w; it connects to the peer's
+//!   queue pair of the same wire towards this rank (MLX 0.32.4: one exchange of W·R details,
+//!   wire-major, the peer's entry at `w·R + rank`).
 //! - **Ring** of R > 2 ranks with C cables per direction: the queue pair of MLX's `right_[w]`
 //!   is the channel `(right neighbour, link w)` and that of `left_[w]` the channel
 //!   `(left neighbour, link w)`, w in `0..C`.
@@ -219,31 +221,39 @@ pub fn connect(
     let details = |qp: &Qp| destination(&qp.local).map_err(|e| fail(format!("{}: {e}", qp.what)));
     let mut fabric = RdmaFabric::new(rank, size);
     match topology {
-        Topology::Mesh => {
-            let names = config.mesh_devices()?;
+        Topology::Mesh { wires } => {
+            // MLX 0.32.4: every queue pair of every wire, wire-major, then one exchange of
+            // wires × R details, wire w's towards rank j at index w·R + j.
+            let names = config.mesh_wire_devices()?;
             let mut mine = vec![
                 Destination {
                     local_id: -1,
                     ..Destination::default()
                 };
-                size
+                wires * size
             ];
-            for (peer, name) in names.iter().enumerate() {
-                let Some(name) = name else { continue };
-                let channel = Channel::new(peer, 0);
-                let what = format!("device {name} (queue pair to rank {peer})");
-                let qp = open(name, channel, what)?;
-                mine[peer] = details(&qp)?;
-                fabric.add(qp);
+            for (w, row) in names.iter().enumerate() {
+                for (peer, name) in row.iter().enumerate() {
+                    let Some(name) = name else { continue };
+                    let channel = Channel::new(peer, w);
+                    let what = format!("device {name} (queue pair to rank {peer}, wire {w})");
+                    let qp = open(name, channel, what)?;
+                    mine[w * size + peer] = details(&qp)?;
+                    fabric.add(qp);
+                }
             }
             in_time("exchanging the queue pairs' details")?;
             let all = side.exchange_mesh(&mine)?;
             for qp in fabric.queue_pairs_mut() {
-                let peer = qp.channel.peer;
+                let (peer, w) = (qp.channel.peer, qp.channel.link);
                 let theirs = all
                     .get(peer)
-                    .and_then(|row| row.get(rank))
-                    .ok_or_else(|| fail(format!("rank {peer} sent no details for rank {rank}")))?;
+                    .and_then(|row| row.get(w * size + rank))
+                    .ok_or_else(|| {
+                        fail(format!(
+                            "rank {peer} sent no details for rank {rank} on wire {w}"
+                        ))
+                    })?;
                 let remote = remote(peer, theirs).map_err(|e| fail(format!("{}: {e}", qp.what)))?;
                 qp.connect(&remote)
                     .map_err(|e| fail(format!("{}: {e}", qp.what)))?;

@@ -100,7 +100,7 @@ pub fn all_reduce<F: Fabric + ?Sized>(
     scratch: &mut Scratch,
     deadline: Duration,
 ) -> Result<(), FabricError> {
-    let staging = &mut scratch.staging;
+    let staging = scratch.staging();
     let (rank, ranks) = (ring.rank(), ring.size());
     if ranks < 2 {
         return Ok(());
@@ -147,7 +147,7 @@ pub fn all_gather<F: Fabric + ?Sized>(
     scratch: &mut Scratch,
     deadline: Duration,
 ) -> Result<(), FabricError> {
-    let staging = &mut scratch.staging;
+    let staging = scratch.staging();
     let (rank, ranks) = (ring.rank(), ring.size());
     let n = input.len();
     assert_eq!(output.len(), n * ranks, "all_gather: output size");
@@ -230,7 +230,7 @@ pub fn send<F: Fabric + ?Sized>(
     scratch: &mut Scratch,
     deadline: Duration,
 ) -> Result<(), FabricError> {
-    let staging = &mut scratch.staging;
+    let staging = scratch.staging();
     let Some(side) = side(ring, dst, false) else {
         return Err(not_a_neighbour(ring, dst, Direction::Send, data.len()));
     };

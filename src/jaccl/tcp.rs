@@ -6,13 +6,14 @@
 //! the same side channel. Where JACCL exchanges queue-pair [`Destination`](super::Destination)s
 //! over the side channel, each rank here listens on an ephemeral TCP port and all-gathers its
 //! address (18 bytes: an IPv6 or IPv4-mapped address and a port). Then every cable becomes a
-//! connection: in a mesh, rank i connects to every rank j > i; in a ring, every rank connects
+//! connection: in a mesh of W wires, rank i connects its W cables to every rank j > i; in a
+//! ring, every rank connects
 //! its C wires to its right neighbour. A connection opens with a 12-byte hello (`b"NJT1"`, the
 //! opener's rank and the cable, little-endian `u32`s), so the acceptor knows which channel it
 //! is. The acceptor reads the hellos of all its accepted connections at once without blocking,
 //! so a connection that sends no whole hello (a stranger) holds up no cable; it is dropped
 //! once the real cables are in, or named when the deadline passes. The channels are numbered as [`Wiring`](crate::fabric::Wiring) numbers them, so the
-//! mesh's channel to `p` is link 0 and the ring's `right_[w]`/`left_[w]` are
+//! mesh's channel to `p` on wire w is link w and the ring's `right_[w]`/`left_[w]` are
 //! [`RingTopology::channel`](crate::ring::RingTopology::channel)'s.
 //!
 //! This is not wire-compatible with anything of MLX's (MLX's JACCL speaks only RDMA): it exists
@@ -68,15 +69,18 @@ pub fn connect(
 
     // Which cables this rank opens (peer, cable) and how many it accepts per peer.
     let wires = match topology {
-        Topology::Mesh => 1,
-        Topology::Ring { wires } => wires,
+        Topology::Mesh { wires } | Topology::Ring { wires } => wires,
     };
     let right = (rank + 1) % size;
     let left = (rank + size - 1) % size;
     let (opens, accepts): (Cables, Cables) = match topology {
-        Topology::Mesh => (
-            (rank + 1..size).map(|j| (j, 0)).collect(),
-            (0..rank).map(|i| (i, 0)).collect(),
+        Topology::Mesh { .. } => (
+            (rank + 1..size)
+                .flat_map(|j| (0..wires).map(move |w| (j, w)))
+                .collect(),
+            (0..rank)
+                .flat_map(|i| (0..wires).map(move |w| (i, w)))
+                .collect(),
         ),
         Topology::Ring { .. } if size < 2 => (Vec::new(), Vec::new()),
         Topology::Ring { .. } => (

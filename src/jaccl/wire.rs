@@ -16,10 +16,32 @@ pub(crate) type Step<'a> = Vec<Transfer<'a>>;
 /// A receive sink that keeps only the payload at the front of its frame.
 pub(crate) type Sink<'a> = Box<dyn FnMut(usize, &[u8]) + Send + 'a>;
 
-/// Buffers the JACCL algorithms reuse from one operation to the next: what the peers sent
-/// (for the mesh's rank-order folds), the fold itself, and the staging frames of sends.
+/// Buffers the JACCL algorithms reuse from one operation to the next: one lane per wire
+/// that runs at once (the ring uses the first only).
 #[derive(Debug, Default)]
 pub struct Scratch {
+    lanes: Vec<Lane>,
+}
+
+impl Scratch {
+    /// The first `n` lanes (made when missing).
+    pub(crate) fn lanes(&mut self, n: usize) -> &mut [Lane] {
+        if self.lanes.len() < n {
+            self.lanes.resize_with(n, Lane::default);
+        }
+        &mut self.lanes[..n]
+    }
+
+    /// The staging frames of the first lane.
+    pub(crate) fn staging(&mut self) -> &mut Staging {
+        &mut self.lanes(1)[0].staging
+    }
+}
+
+/// The scratch of one wire: what the peers sent (for the mesh's rank-order folds), the fold
+/// itself, and the staging frames of sends.
+#[derive(Debug, Default)]
+pub(crate) struct Lane {
     pub(crate) received: Vec<u8>,
     pub(crate) acc: Vec<u8>,
     pub(crate) staging: Staging,

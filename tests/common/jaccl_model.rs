@@ -4,7 +4,8 @@
 //! `nuvec_distributed::jaccl` or `nuvec_distributed::reduce`).
 //!
 //! Queue pairs are named as `nuvec_distributed::fabric::Wiring` names them: in a mesh, rank r's
-//! queue pair to p is `Channel { peer: p, link: 0 }`; in a ring, `right_[w]` is
+//! queue pair to p on wire w is `Channel { peer: p, link: w }` (one wire: link 0; the multi-wire
+//! mesh of MLX 0.32.4's `mesh.h`, its `split_wires` read from its `mesh.cpp`); in a ring, `right_[w]` is
 //! `Channel { peer: r+1, link: w }` and `left_[w]` is `Channel { peer: r−1, link: w + (C if
 //! R == 2 else 0) }`. Message lists are keyed by `(sender rank, sender's channel)`.
 
@@ -249,4 +250,122 @@ pub fn ring_send_messages(
 pub fn mesh_send_messages(m: &mut Messages, large: bool, src: usize, dst: usize, n: usize) {
     let f = frame(large, n);
     push(m, src, Channel::new(dst, 0), ceildiv(n, f), f);
+}
+
+/// MLX 0.32.4's `MESH_MULTI_WIRE_MIN_BYTES`: from this many bytes on a multi-wire mesh cuts an
+/// operation across its wires.
+pub const MULTI_WIRE_MIN_BYTES: usize = 512 * 1024;
+
+/// MLX 0.32.4's `MeshGroup::split_wires(n_bytes, total, fn)`: `fn(w, offset, n)` for every
+/// wire used, as `(w, offset, n)`; one wire below the threshold, else `wires` ranges of
+/// `⌈total/wires⌉` with `offset = min(total, w·per)` and `n = min(per, total − offset)`.
+pub fn split_wires(n_bytes: usize, total: usize, wires: usize) -> Vec<(usize, usize, usize)> {
+    let n_wires = if n_bytes >= MULTI_WIRE_MIN_BYTES {
+        wires
+    } else {
+        1
+    };
+    let per_wire = ceildiv(total, n_wires);
+    (0..n_wires)
+        .map(|w| {
+            let offset = total.min(w * per_wire);
+            (w, offset, per_wire.min(total - offset))
+        })
+        .collect()
+}
+
+/// The messages of one wire's mesh all-reduce of `e` elements (0.32.4's per-wire choice:
+/// `size_ > 2 && n·s > 32 KiB` takes the scatter-gather path).
+fn mesh_reduce_messages_of_wire(
+    m: &mut Messages,
+    large: bool,
+    r: usize,
+    wire: usize,
+    e: usize,
+    s: usize,
+) {
+    let mut phase = |bytes: usize, times: usize| {
+        let f = frame(large, bytes);
+        for a in 0..r {
+            for b in (0..r).filter(|&b| b != a) {
+                for _ in 0..times {
+                    push(m, a, Channel::new(b, wire), ceildiv(bytes, f), f);
+                }
+            }
+        }
+    };
+    if r > 2 && e * s > 32 * 1024 {
+        let chunk = e / r;
+        if chunk > 0 {
+            // sum_scatter(chunk), then all_gather(chunk) on the same queue pairs.
+            phase(chunk * s, 2);
+        }
+        if chunk * r < e {
+            phase((e - chunk * r) * s, 1);
+        }
+    } else {
+        phase(e * s, 1);
+    }
+}
+
+/// The messages of a mesh all-reduce of `e` elements of `s` bytes over `wires` wires.
+pub fn mesh_reduce_messages_wires(
+    m: &mut Messages,
+    large: bool,
+    r: usize,
+    wires: usize,
+    e: usize,
+    s: usize,
+) {
+    for (w, _, n) in split_wires(e * s, e, wires) {
+        mesh_reduce_messages_of_wire(m, large, r, w, n, s);
+    }
+}
+
+/// The messages of a mesh all-gather of `n` bytes per rank over `wires` wires: wire w carries
+/// bytes `[offset, offset + len)` of every rank's block (MLX's stride `n`).
+pub fn mesh_gather_messages_wires(m: &mut Messages, large: bool, r: usize, wires: usize, n: usize) {
+    for (w, _, len) in split_wires(n, n, wires) {
+        let f = frame(large, len);
+        for a in 0..r {
+            for b in (0..r).filter(|&b| b != a) {
+                push(m, a, Channel::new(b, w), ceildiv(len, f), f);
+            }
+        }
+    }
+}
+
+/// The messages of a mesh sum-scatter with shards of `e` elements of `s` bytes over `wires`
+/// wires: the threshold is the output shard's bytes, the cut is in elements (stride `e`).
+pub fn mesh_scatter_messages_wires(
+    m: &mut Messages,
+    large: bool,
+    r: usize,
+    wires: usize,
+    e: usize,
+    s: usize,
+) {
+    for (w, _, n) in split_wires(e * s, e, wires) {
+        let f = frame(large, n * s);
+        for a in 0..r {
+            for b in (0..r).filter(|&b| b != a) {
+                push(m, a, Channel::new(b, w), ceildiv(n * s, f), f);
+            }
+        }
+    }
+}
+
+/// The messages of a mesh send of `n` bytes from `src` to `dst` over `wires` wires.
+pub fn mesh_send_messages_wires(
+    m: &mut Messages,
+    large: bool,
+    wires: usize,
+    src: usize,
+    dst: usize,
+    n: usize,
+) {
+    for (w, _, len) in split_wires(n, n, wires) {
+        let f = frame(large, len);
+        push(m, src, Channel::new(dst, w), ceildiv(len, f), f);
+    }
 }

@@ -107,14 +107,19 @@ pub(super) fn check_config(c: &Config) {
     let chosen = if c.prefers_ring() && ring {
         Some(Topology::Ring { wires })
     } else if mesh {
-        Some(Topology::Mesh)
+        let wires = (0..size)
+            .flat_map(|i| (0..size).filter(move |&j| j != i).map(move |j| (i, j)))
+            .map(|(i, j)| m[i][j].len())
+            .min()
+            .unwrap_or(1);
+        Some(Topology::Mesh { wires })
     } else if ring {
         Some(Topology::Ring { wires })
     } else {
         None
     };
     let expected = chosen.filter(|t| match t {
-        Topology::Mesh => size <= MESH_MAX_PEERS,
+        Topology::Mesh { .. } => size <= MESH_MAX_PEERS,
         Topology::Ring { wires } => *wires <= RING_MAX_CONNS,
     });
     let topology = c.topology();

@@ -17,6 +17,11 @@
 //! - an empty device name is refused (MLX would open no device for it);
 //! - a ring needs at least one device per neighbour (MLX counts a matrix whose neighbour
 //!   entries are all empty as a ring of zero cables, which cannot carry anything).
+//!
+//! A mesh entry may list several devices, one per cable, as `mlx.distributed_config` 0.32.4
+//! writes when every pair has two or more: the mesh then has as many wires as the least
+//! number of devices of an entry over all pairs ([`Topology::Mesh`]), and MLX's validity rule is
+//! unchanged (non-empty entries off the diagonal, empty ones on it).
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -44,9 +49,13 @@ const RING_VARS: [&str; 2] = ["JACCL_RING", "MLX_JACCL_RING"];
 /// How the ranks are cabled, as MLX chooses it ([`Config::topology`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Topology {
-    /// Every pair of ranks is cabled (MLX's `MeshGroup`); the first device of each entry is
-    /// used.
-    Mesh,
+    /// Every pair of ranks is cabled (MLX's `MeshGroup`).
+    Mesh {
+        /// Queue pairs (cables) to every peer: the least number of devices of an entry over
+        /// every pair of ranks (MLX 0.32.4's `n_wires_`); wire w uses the w-th device of each
+        /// entry, the first `wires` devices of every entry being used.
+        wires: usize,
+    },
     /// Every rank is cabled to its left and right neighbours (MLX's `RingGroup`).
     Ring {
         /// Connections (cables, QPs) per direction: the number of devices of entry `[0][1]`.
@@ -71,7 +80,7 @@ pub enum Topology {
 /// )?;
 /// let config = Config::new(1, devices).coordinator("10.0.0.1:32323");
 /// config.validate()?;
-/// assert_eq!(config.topology()?, Topology::Mesh);
+/// assert_eq!(config.topology()?, Topology::Mesh { wires: 1 });
 /// # Ok::<(), nuvec_distributed::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -304,7 +313,9 @@ impl Config {
                         RING_VARS[1]
                     )));
                 }
-                Ok(Topology::Mesh)
+                Ok(Topology::Mesh {
+                    wires: self.mesh_wires(),
+                })
             }
             (Some(_), None) => self.ring_topology(),
             (Some(mesh), Some(ring)) => Err(config(format!(
@@ -314,24 +325,57 @@ impl Config {
         }
     }
 
-    /// This rank's devices of a mesh, as MLX's `get_mesh_connectivity`: for every rank the
-    /// first device cabled to it, `None` for this rank itself.
+    /// This rank's devices of wire 0 of a mesh, as MLX 0.32.1's `get_mesh_connectivity`: for
+    /// every rank the first device cabled to it, `None` for this rank itself (wire 0 of
+    /// [`mesh_wire_devices`](Config::mesh_wire_devices)).
     ///
     /// # Errors
     ///
     /// [`Error::Config`] when the rank is out of range or the matrix is not a valid mesh.
     pub fn mesh_devices(&self) -> Result<Vec<Option<&str>>, Error> {
+        let mut wires = self.mesh_wire_devices()?;
+        Ok(wires.swap_remove(0))
+    }
+
+    /// This rank's devices of every wire of a mesh, as MLX 0.32.4's `get_mesh_connectivity`:
+    /// `devices[w][j]` is the w-th device cabled to rank j (`None` for this rank itself), for
+    /// w below [`Topology::Mesh`]'s `wires`, the least number of devices of an entry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when the rank is out of range or the matrix is not a valid mesh.
+    pub fn mesh_wire_devices(&self) -> Result<Vec<Vec<Option<&str>>>, Error> {
         if let Some(what) = self.mesh_problem() {
             return Err(config(format!(
                 "the device matrix is not a valid mesh: {what}"
             )));
         }
         let row = self.row()?;
-        Ok(row
+        Ok((0..self.mesh_wires())
+            .map(|w| {
+                row.iter()
+                    .enumerate()
+                    .map(|(j, entry)| (j != self.rank).then(|| entry[w].as_str()))
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// The wires of a valid mesh: the least number of devices of an entry off the diagonal,
+    /// over the whole matrix (so that every rank finds the same number).
+    fn mesh_wires(&self) -> usize {
+        self.devices
             .iter()
             .enumerate()
-            .map(|(j, entry)| (j != self.rank).then(|| entry[0].as_str()))
-            .collect())
+            .flat_map(|(i, row)| {
+                row.iter()
+                    .enumerate()
+                    .filter(move |(j, _)| *j != i)
+                    .map(|(_, entry)| entry.len())
+            })
+            .min()
+            .unwrap_or(1)
+            .max(1)
     }
 
     /// This rank's devices of a ring, as MLX's `get_ring_connectivity`: the devices cabled to

@@ -111,7 +111,7 @@ fn a_full_mesh_of_two_ranks_is_a_valid_mesh_and_a_valid_ring() {
     let c = valid(0, mesh(2, 1));
     assert!(c.is_valid_mesh());
     assert!(c.is_valid_ring());
-    assert_eq!(c.topology().unwrap(), Topology::Mesh);
+    assert_eq!(c.topology().unwrap(), Topology::Mesh { wires: 1 });
 }
 
 #[test]
@@ -233,7 +233,7 @@ fn ring_devices_are_the_left_then_the_right_neighbours_entries() {
 #[test]
 fn the_mesh_wins_over_the_ring_unless_the_ring_is_preferred() {
     let c = valid(0, mesh(3, 2));
-    assert_eq!(c.topology().unwrap(), Topology::Mesh);
+    assert_eq!(c.topology().unwrap(), Topology::Mesh { wires: 1 });
     let c = c.prefer_ring(true);
     assert_eq!(c.topology().unwrap(), Topology::Ring { wires: 2 });
 }
@@ -244,7 +244,7 @@ fn a_preferred_ring_that_is_not_valid_falls_back_to_the_mesh() {
     d[0][1].push("second".to_owned());
     let c = valid(0, d).prefer_ring(true);
     assert!(!c.is_valid_ring());
-    assert_eq!(c.topology().unwrap(), Topology::Mesh);
+    assert_eq!(c.topology().unwrap(), Topology::Mesh { wires: 1 });
 }
 
 #[test]
@@ -272,7 +272,10 @@ fn neither_a_mesh_nor_a_ring_is_an_error_giving_both_reasons() {
 #[test]
 fn a_mesh_of_eight_ranks_is_accepted_and_of_nine_refused() {
     assert_eq!(MESH_MAX_PEERS, 8);
-    assert_eq!(valid(0, mesh(8, 1)).topology().unwrap(), Topology::Mesh);
+    assert_eq!(
+        valid(0, mesh(8, 1)).topology().unwrap(),
+        Topology::Mesh { wires: 1 }
+    );
     let m = message(valid(0, mesh(9, 1)).topology());
     assert!(
         m.contains("mesh of 9 ranks") && m.contains("at most 8") && m.contains("JACCL_RING"),

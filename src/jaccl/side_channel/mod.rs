@@ -248,19 +248,21 @@ impl SideChannel {
         }
     }
 
-    /// Exchanges the mesh's QP details in MLX's order: an all-gather of the count (`i32`, R on
-    /// every rank), then of the R·32 bytes of `mine`, where `mine[j]` is this rank's QP towards
-    /// rank j (this rank's own entry is a placeholder; MLX sends `local_id` −1 there).
+    /// Exchanges the mesh's QP details in MLX's order: an all-gather of the count (`i32`, W·R
+    /// on every rank for W wires), then of the W·R·32 bytes of `mine`, wire-major as MLX
+    /// 0.32.4: `mine[w·R + j]` is this rank's QP towards rank j on wire w (this rank's own
+    /// entries are placeholders; MLX sends `local_id` −1 there). With one wire that is
+    /// `mine[j]`, as in MLX 0.32.1.
     ///
-    /// Returns `all[j][k]`: rank j's QP towards rank k; this rank's QP towards j connects to
-    /// `all[j][rank]`. As MLX, bring the QPs to RTR and RTS, then call
-    /// [`barrier`](Self::barrier) before any RDMA traffic.
+    /// Returns `all[j][w·R + k]`: rank j's QP towards rank k on wire w; this rank's QP
+    /// towards j on wire w connects to `all[j][w·R + rank]`. As MLX, bring the QPs to RTR and
+    /// RTS, then call [`barrier`](Self::barrier) before any RDMA traffic.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when `mine` does not hold one entry per rank (nothing is
-    /// sent); [`Error::Connect`] when another rank announces a different count, and as
-    /// [`all_gather`](Self::all_gather).
+    /// [`Error::InvalidArgument`] when `mine` is empty or not a whole number of entries per
+    /// rank (nothing is sent); [`Error::Connect`] when another rank announces a different
+    /// count, and as [`all_gather`](Self::all_gather).
     pub fn exchange_mesh(&mut self, mine: &[Destination]) -> Result<Vec<Vec<Destination>>, Error> {
         match self.run(Operation::ExchangeMesh(mine.to_vec()))? {
             Output::Mesh(all) => Ok(all),

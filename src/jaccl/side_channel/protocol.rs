@@ -65,7 +65,8 @@ pub enum Operation {
     },
     /// MLX's barrier: two all-gathers of the `i32` 0.
     Barrier,
-    /// The mesh's queue pair details: this rank's towards every rank.
+    /// The mesh's queue pair details: this rank's towards every rank, on every wire
+    /// (wire-major: wire w's towards rank j at `w·R + j`).
     ExchangeMesh(Vec<Destination>),
     /// The ring's queue pair details: left QPs, then right QPs, one per wire.
     ExchangeRing {
@@ -85,7 +86,7 @@ pub enum Output {
     Records(Vec<Vec<u8>>),
     /// A barrier passed.
     Done,
-    /// `all[j][k]`: rank j's QP towards rank k.
+    /// `all[j][w·R + k]`: rank j's QP towards rank k on wire w.
     Mesh(Vec<Vec<Destination>>),
     /// Every rank's ring QPs.
     Ring(RingDestinations),
@@ -303,12 +304,12 @@ impl Protocol {
             }
             Operation::Barrier => (Plan::Barrier { round: 0 }, 0i32.to_le_bytes().to_vec()),
             Operation::ExchangeMesh(mine) => {
-                if mine.len() != self.size {
+                if mine.is_empty() || !mine.len().is_multiple_of(self.size) {
                     return Err(invalid(
                         self.rank,
                         format!(
-                            "exchange_mesh: {} destinations, expected one per rank ({}), with a \
-                             placeholder for this rank",
+                            "exchange_mesh: {} destinations, expected one per rank ({}) and \
+                             wire, with a placeholder for this rank",
                             mine.len(),
                             self.size
                         ),

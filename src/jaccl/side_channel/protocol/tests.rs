@@ -257,6 +257,8 @@ fn argument_errors_move_no_byte_and_leave_the_protocol_usable() {
             record_len: 0,
         },
         Operation::ExchangeMesh(vec![Destination::default()]),
+        Operation::ExchangeMesh(vec![Destination::default(); 3]),
+        Operation::ExchangeMesh(vec![]),
         Operation::ExchangeRing {
             left: vec![Destination::default()],
             right: vec![],
