@@ -103,18 +103,18 @@ impl Needs {
         }
     }
 
-    /// What this rank of `config` will open for `topology`, the mesh with `mesh_wires` queue
-    /// pairs per peer (the first devices named for it).
-    pub fn planned(config: &Config, topology: Topology, mesh_wires: usize) -> Needs {
+    /// What this rank of `config` will open for `topology` (a mesh of `wires` opens one queue
+    /// pair on each of the first `wires` devices named for every peer).
+    pub fn planned(config: &Config, topology: Topology) -> Needs {
         let rank = config.rank();
         let row = config.devices().get(rank).map_or(&[][..], Vec::as_slice);
         let size = config.size();
         let names: Vec<&str> = match topology {
-            Topology::Mesh => row
+            Topology::Mesh { wires } => row
                 .iter()
                 .enumerate()
                 .filter(|(peer, _)| *peer != rank)
-                .flat_map(|(_, names)| names.iter().take(mesh_wires).map(String::as_str))
+                .flat_map(|(_, names)| names.iter().take(wires).map(String::as_str))
                 .collect(),
             Topology::Ring { .. } if size < 2 => Vec::new(),
             Topology::Ring { wires } => {
@@ -165,18 +165,15 @@ impl Needs {
     }
 }
 
-/// The bring-up's check: this rank of `config` fits Apple's limits for `topology` (the mesh
-/// with `mesh_wires` queue pairs per peer), or an [`Error::Config`] saying which limit it would
-/// pass.
-pub(crate) fn check(config: &Config, topology: Topology, mesh_wires: usize) -> Result<(), Error> {
-    Needs::planned(config, topology, mesh_wires)
-        .check()
-        .map_err(|what| {
-            Error::Config(format!(
-                "jaccl: rdma: rank {}: {what}, before any queue pair was created",
-                config.rank()
-            ))
-        })
+/// The bring-up's check: this rank of `config` fits Apple's limits for `topology`, or an
+/// [`Error::Config`] saying which limit it would pass.
+pub(crate) fn check(config: &Config, topology: Topology) -> Result<(), Error> {
+    Needs::planned(config, topology).check().map_err(|what| {
+        Error::Config(format!(
+            "jaccl: rdma: rank {}: {what}, before any queue pair was created",
+            config.rank()
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -252,8 +249,10 @@ mod tests {
             })
             .collect();
         let config = Config::new(0, devices);
-        check(&config, Topology::Mesh, 1).expect("one wire fits");
-        let e = check(&config, Topology::Mesh, 2).unwrap_err().to_string();
+        check(&config, Topology::Mesh { wires: 1 }).expect("one wire fits");
+        let e = check(&config, Topology::Mesh { wires: 2 })
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("rank 0")
                 && e.contains("14 queue pairs on device rdma_en3")

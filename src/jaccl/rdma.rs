@@ -195,7 +195,7 @@ pub fn connect(
     }
     let topology = config.topology()?;
     // Apple's limits, before anything is half built (one queue pair per peer in the mesh).
-    super::budget::check(config, topology, 1)?;
+    super::budget::check(config, topology)?;
     let fail = |what: String| Error::Connect {
         rank,
         what: format!("jaccl: rdma: {what}"),
