@@ -390,6 +390,25 @@ fn the_largest_mesh_on_one_device_per_rank_stays_within_apples_limits() {
 }
 
 #[test]
+fn a_multi_wire_mesh_opens_a_queue_pair_per_wire_per_peer_within_apples_limits() {
+    // Eight ranks with three cables per pair (the list form of mlx.distributed_config 0.32.4),
+    // wire w of every rank on its device rdma_en{w}: 21 queue pairs per rank, 7 and 42 memory
+    // regions per device, inside the provider's 10 and 100; every channel (peer, wire)
+    // carries its frames to the same wire of the peer.
+    let dir = procs::scratch("limits-wires");
+    let (ranks, wires) = (8, 3);
+    let rows: Vec<Vec<Option<Vec<String>>>> = (0..ranks)
+        .map(|i| {
+            (0..ranks)
+                .map(|j| (i != j).then(|| (0..wires).map(|w| format!("rdma_en{w}")).collect()))
+                .collect()
+        })
+        .collect();
+    let devices = serde_json::to_string(&rows).expect("json");
+    exchange_over_the_provider(&dir, "limits-wires", ranks, None, &devices);
+}
+
+#[test]
 fn without_the_verbs_library_jaccl_is_unavailable_and_init_says_which_library_failed() {
     let out = availability("/nonexistent/librdma-missing.so", &[]);
     assert!(out.contains("AVAILABLE false"), "{out}");

@@ -97,6 +97,11 @@
 //! - **Deterministic sum-scatter.** MLX reduces the shards of its `sum_scatter` (and of the large
 //!   mesh all-reduce) in the order messages complete, so float sums vary from run to run; here
 //!   they fold in rank order, one of MLX's possible results, the same on every run and rank.
+//! - **Wires in step.** MLX 0.32.4 runs each wire of a multi-wire mesh on a thread of its own
+//!   (`dispatch_wires`), so one wire may be a phase ahead of another; here the wires of an
+//!   operation advance phase by phase together (one fabric step per phase). What each queue
+//!   pair carries, and in which order, is MLX's; only when a wire posts its next phase's
+//!   receives can differ, which matters, as between MLX's own ranks, only to UC's drop rule.
 //! - **Not implemented**: the ring's `reduce_scatter` (MLX's JACCL ring `sum_scatter`).
 //!
 //! # What is verified

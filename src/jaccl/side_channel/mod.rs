@@ -432,7 +432,7 @@ mod tests {
     fn a_wrong_number_of_mesh_destinations_or_unequal_ring_sides_is_an_argument_error() {
         let mut c = SideChannel::connect("127.0.0.1:1", 0, 1, Duration::from_secs(1)).unwrap();
         let d = sample(1);
-        let e = c.exchange_mesh(&[d, d]).unwrap_err();
+        let e = c.exchange_mesh(&[]).unwrap_err();
         assert!(e.to_string().contains("expected one per rank (1)"), "{e}");
         let e = c.exchange_ring(&[d], &[]).unwrap_err();
         assert!(
