@@ -1,69 +1,21 @@
 //! The examples run as the README says: all_sum on local ranks, data-parallel training with
 //! identical parameters on every rank, and the simulator showing a crash's errors.
 
-use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The path of an example, built (or brought up to date) with the profile of this test.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("this test binary");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.current_dir(env!("CARGO_MANIFEST_DIR")).args([
-        "build",
-        "--quiet",
-        "--ignore-rust-version",
-        "--example",
-        name,
-    ]);
-    if profile_dir.ends_with("release") {
-        build.arg("--release");
-    }
-    let status = build.status().expect("run cargo build");
-    assert!(status.success(), "building the example {name} failed");
-    profile_dir.join("examples").join(name)
-}
+use crate::common::{built, procs, run};
 
-/// Runs an example to its end (bounded) and returns its standard output.
+/// Runs an example to its end (bounded; one job at a time) and returns its standard output.
 fn run(name: &str, args: &[&str]) -> String {
-    let path = example(name);
-    assert!(path.exists(), "{} is not built", path.display());
-    let mut child = Command::new(&path)
-        .args(args)
+    let _job = procs::exclusive();
+    let mut cmd = Command::new(built::example(name));
+    cmd.args(args)
         .env_remove("MLX_RANK")
-        .env_remove("MLX_HOSTFILE")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start the example");
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            let mut out = String::new();
-            use std::io::Read;
-            child
-                .stdout
-                .take()
-                .expect("stdout")
-                .read_to_string(&mut out)
-                .expect("read stdout");
-            assert!(
-                status.success(),
-                "{name} {args:?} failed ({status}):\n{out}"
-            );
-            return out;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("{name} {args:?} did not finish in time");
-        }
-        // Polling the child: std has no wait with a timeout.
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .env_remove("MLX_HOSTFILE");
+    let done = run::run(&mut cmd, Duration::from_secs(240));
+    assert_eq!(done.code, Some(0), "{name} {args:?}: {}", done.describe());
+    done.stdout
 }
 
 #[test]

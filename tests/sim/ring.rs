@@ -30,7 +30,7 @@
 //!
 //! ```text
 //! NUVEC_SIM_CASE='ranks=4 links=2 seed=123 frag=17 window=4096 latency=5000 jitter=3000 ops=all_sum:float32:1000 fault=none' \
-//!   cargo test --ignore-rust-version --test sim_ring replays_a_case_from_the_environment -- --nocapture
+//!   cargo test --ignore-rust-version --test sim ring::replays_a_case_from_the_environment -- --nocapture
 //! ```
 //!
 //! The text is `ranks= links= seed= frag= window= latency= jitter= ops= fault=`: `seed` seeds
@@ -49,10 +49,8 @@
 //! machine. Two tests are ignored, each naming its reason: an all-reduce of zero elements (an
 //! open interop question) and `Fault::CrashAt` (the simulator hangs).
 
-#[path = "common/mlx_model.rs"]
-mod mlx_model;
-#[path = "common/values.rs"]
-mod values;
+use crate::common::mlx_model;
+use crate::common::values;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -320,7 +318,7 @@ impl FromStr for Case {
 
 fn replay_line(case: &Case) -> String {
     format!(
-        "replay: NUVEC_SIM_CASE='{case}' cargo test --ignore-rust-version --test sim_ring replays_a_case_from_the_environment -- --nocapture"
+        "replay: NUVEC_SIM_CASE='{case}' cargo test --ignore-rust-version --test sim ring::replays_a_case_from_the_environment -- --nocapture"
     )
 }
 
