@@ -18,13 +18,12 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cluster::Cluster;
 use common::run::{Ran, run, tagged};
 use common::{launcher, procs};
-use nuvec_core::{array, distributed, ops};
+use nuvec_core::{distributed, ops};
 use nuvec_distributed::{Options, connect_ring};
 
 /// The test a rank of a cluster job runs (this binary again).
