@@ -17,6 +17,9 @@
 //! r's `right[c]` is `Channel { peer: r+1, link: c }`, its `left[c]` is
 //! `Channel { peer: r−1, link: c + (C if R == 2 else 0) }`, and a stream is keyed by
 //! `(sender rank, sender's channel)`.
+//!
+//! About 800 lines, one file on purpose: it is read side by side with `ring.cpp` in that file's
+//! order, and the element layouts, the fold and the lockstep wire loops all turn on one [`Lane`].
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

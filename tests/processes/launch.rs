@@ -5,6 +5,11 @@
 //! launchers' temporary files can be checked (nuvec-launch must leave none) and removed
 //! (mlx.launch leaves its own). Every wait is bounded; a job that outlives its bound is
 //! killed, with its descendants, and the test fails.
+//!
+//! Longer than the suites' usual 700 lines on purpose: it is the one end-to-end suite of the
+//! `nuvec-launch` binary (whose own crate is unit-tested only), and its tests share the rank
+//! roles, the scratch directories and the mlx.launch scenarios defined here; the generic parts
+//! (bounded runs, process trees, tagged lines) are in `tests/common/run.rs`.
 
 #[cfg(feature = "jaccl")]
 use crate::common::emu;
