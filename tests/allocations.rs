@@ -7,8 +7,9 @@
 //! thread), so the calling thread's count is the ring's whole count. Every buffer the
 //! operations use is made before counting starts.
 
-#[path = "common/ports.rs"]
-mod ports;
+mod common;
+
+use common::ports;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -9,33 +9,31 @@
 //! that cannot be made fails. One cluster at a time: every test holds [`exclusive`]. The
 //! measured times are printed as `MEASURED ...` lines (`--nocapture` shows them) and are the
 //! README's fault table.
+//!
+//! About 1000 lines, one file: the tests share the rank roles and job helpers here, and the
+//! cluster's harness is `tests/cluster/mod.rs`.
 
-#[path = "common/built.rs"]
-mod built;
 #[path = "cluster/mod.rs"]
 mod cluster;
-#[cfg(feature = "jaccl")]
-#[path = "common/emu.rs"]
-mod emu;
-#[path = "common/launcher.rs"]
-mod launcher;
-#[path = "common/procs.rs"]
-mod procs;
+mod common;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cluster::Cluster;
-use nuvec_core::{array, distributed, ops};
+#[cfg(feature = "jaccl")]
+use common::emu;
+use common::run::{Ran, run, tagged};
+use common::{launcher, procs};
+use nuvec_core::{distributed, ops};
 use nuvec_distributed::{Options, connect_ring};
 
 /// The test a rank of a cluster job runs (this binary again).
-const RANK_TEST: &str = "a_cluster_rank_runs_its_role";
+const RANK_TEST: &str = concat!(module_path!(), "::a_cluster_rank_runs_its_role");
 /// What a rank does (see [`a_cluster_rank_runs_its_role`]).
 const ROLE: &str = "NUVEC_CLUSTER_ROLE";
 /// The ring's port on every host in the jobs this test starts itself.
@@ -106,16 +104,13 @@ fn a_cluster_rank_runs_its_role() {
 }
 
 fn launched_rank() {
-    let group = nuvec_distributed::init(true).expect("init from the launcher's environment");
-    let (r, n) = (group.rank(), group.size());
-    let x = array![r as f32, 1.0];
-    let total = distributed::all_sum(&x, None)
-        .to_vec::<f32>()
-        .expect("all_sum");
+    let result = common::run::launched_all_sum();
     if std::env::var("NUVEC_CLUSTER_LARGE").as_deref() == Ok("1") {
-        large_collectives(r, n);
+        // The group is initialised: this returns it.
+        let group = nuvec_distributed::init(true).expect("the group");
+        large_collectives(group.rank(), group.size());
     }
-    println!("RESULT rank={r} size={n} sum={total:?}");
+    println!("RESULT {result}");
 }
 
 /// An all_sum and an all_max of 4 MiB of float32 (past every frame and algorithm threshold),
@@ -253,92 +248,19 @@ fn rank_command(role: &str) -> Command {
 
 /// The argv of a launched rank (the launcher passes `ROLE` and the child gate with `--env`).
 fn launched_argv() -> Vec<String> {
-    let mut argv = vec![
-        std::env::current_exe()
-            .expect("this test binary")
-            .display()
-            .to_string(),
-    ];
-    argv.extend(
-        [RANK_TEST, "--exact", "--nocapture", "--test-threads=1"]
-            .iter()
-            .map(|s| (*s).to_owned()),
-    );
-    argv
-}
-
-/// A finished process.
-struct Done {
-    code: Option<i32>,
-    output: String,
-}
-
-/// Runs `cmd` (already placed on a host) to its end, its output captured; kills it and
-/// everything in the cluster's namespaces started after it if it outlives `limit`.
-fn run(cmd: &mut Command, limit: Duration) -> Done {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => {
-            let out = out.expect("wait");
-            Done {
-                code: out.status.code(),
-                output: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            }
-        }
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("{cmd:?} did not end within {limit:?}; killed it");
-        }
-    }
-}
-
-/// The `RESULT` payloads by rank (`rank=R` in the payload), from a launcher's output.
-fn results(output: &str) -> BTreeMap<usize, String> {
-    let mut found = BTreeMap::new();
-    for line in output.lines() {
-        let Some(at) = line.find("RESULT ") else {
-            continue;
-        };
-        let payload = line[at + 7..].trim_end().to_owned();
-        let rank = payload
-            .strip_prefix("rank=")
-            .and_then(|p| p.split(' ').next())
-            .and_then(|r| r.parse().ok())
-            .unwrap_or_else(|| panic!("no rank in {line:?}"));
-        assert!(
-            found.insert(rank, payload).is_none(),
-            "two results of rank {rank}"
-        );
-    }
-    found
+    procs::this_test_argv(RANK_TEST)
 }
 
 /// Checks that every one of `n` ranks printed the all_sum of `[rank, 1]`.
-fn check_results(what: &str, done: &Done, n: usize) {
+fn check_results(what: &str, done: &Ran, n: usize) {
     assert_eq!(
         done.code,
         Some(0),
         "{what}: exit {:?}\n{}",
         done.code,
-        done.output
+        done.output()
     );
-    let got = results(&done.output);
+    let got = tagged(&done.output(), "RESULT");
     let total = (0..n).sum::<usize>() as f32;
     let want: BTreeMap<usize, String> = (0..n)
         .map(|r| {
@@ -348,7 +270,7 @@ fn check_results(what: &str, done: &Done, n: usize) {
             )
         })
         .collect();
-    assert_eq!(got, want, "{what}:\n{}", done.output);
+    assert_eq!(got, want, "{what}:\n{}", done.output());
 }
 
 /// A launcher (nuvec-launch or mlx.launch) run on host 0 with the cluster's ssh.
@@ -382,11 +304,11 @@ fn the_cluster_is_made_reached_over_ssh_cut_and_removed() {
         ),
         Duration::from_secs(30),
     );
-    assert_eq!(done.code, Some(0), "{}", done.output);
+    assert_eq!(done.code, Some(0), "{}", done.output());
     assert!(
-        done.output.contains("inet 198.18.0.3/24") && done.output.contains("198.18.0.2 "),
+        done.output().contains("inet 198.18.0.3/24") && done.output().contains("198.18.0.2 "),
         "{}",
-        done.output
+        done.output()
     );
     // The cable pulled: no login; plugged back: a login again.
     c.pull(2);
@@ -404,7 +326,7 @@ fn the_cluster_is_made_reached_over_ssh_cut_and_removed() {
     assert_ne!(done.code, Some(0), "a login through a pulled cable");
     c.plug(2);
     let done = run(&mut c.ssh(0, "198.18.0.3", "true"), Duration::from_secs(30));
-    assert_eq!(done.code, Some(0), "{}", done.output);
+    assert_eq!(done.code, Some(0), "{}", done.output());
     let dir = c.dir.clone();
     drop(c);
     let left = Command::new("ip")
@@ -574,9 +496,9 @@ fn jaccl_jobs_across_hosts(c: &Cluster, what: &str, fabric: &[String], large: bo
             if large {
                 for r in 0..rdma.len() {
                     assert!(
-                        done.output.contains(&format!("LARGE ok rank={r}")),
+                        done.output().contains(&format!("LARGE ok rank={r}")),
                         "{what}: rank {r}\n{}",
-                        done.output
+                        done.output()
                     );
                 }
             }

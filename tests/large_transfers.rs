@@ -4,11 +4,13 @@
 //! in place, so the job holds about 8.1 GiB. macOS rejects a socket call of more than
 //! `INT_MAX` bytes (MLX #4280), so every call of this crate asks for at most 1 GiB (the crate's
 //! own unit tests check the lengths); this checks that a transfer that needs several such calls
-//! per segment, and offsets past 4 GiB, land every byte. The file holds this one test: cargo
-//! runs test binaries one after another, so no other memory-heavy test runs beside it.
+//! per segment, and offsets past 4 GiB, land every byte. The binary holds this one test: cargo
+//! runs test binaries one after another, so no other test runs beside it (the processes'
+//! binary, whose tests run in parallel threads, would put a job beside these 8 GiB).
 
-#[path = "common/ports.rs"]
-mod ports;
+mod common;
+
+use common::ports;
 
 use std::time::{Duration, Instant};
 

@@ -15,6 +15,10 @@
 //! times, and loom's C11 memory model on top. Loom also fails a model on a deadlock (every
 //! thread blocked: a lost wake-up) and on unsynchronised access to a `loom::cell::UnsafeCell`.
 //!
+//! One file of about 750 lines with a module per model (`communicator`, `turns`, `broken`):
+//! the models share the harness at the top (the preemption bound and `check`, which runs one),
+//! and the file must be one binary of its own, since only it is built with `--cfg loom`.
+//!
 //! What is modelled where:
 //!
 //! - **The communicator** (`src/collective/core.rs`, under `RingCommunicator`: one `Mutex<State>` holding the

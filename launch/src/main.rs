@@ -35,7 +35,7 @@
 //! This file is the one that has side effects (processes, pipes, the temporary file, the
 //! watchdog), which is why it is longer than the others (about 800 lines): the rest of the
 //! crate is pure and unit-tested, this file is tested end to end by the main crate's
-//! `tests/launch.rs`.
+//! `tests/processes/launch.rs`.
 //!
 //! Signals: there is no signal handler (that needs `unsafe` or a dependency). Local ranks
 //! stay in `nuvec-launch`'s process group, so Ctrl-C in a terminal reaches every one of them

@@ -463,7 +463,7 @@ mod tests {
             "[[\"127.0.0.1:32323\"], [\"127.0.0.1:32324\"], [\"127.0.0.1:32325\"], \
              [\"127.0.0.1:32326\"]]\n"
         );
-        // The ranks' reader (`nuvec_distributed`, tested end to end in `tests/launch.rs`)
+        // The ranks' reader (`nuvec_distributed`, tested end to end in `tests/processes/launch.rs`)
         // takes a JSON list of lists of `host:port` strings.
         let nodes: Vec<Vec<String>> = serde_json::from_str(&p.file_bytes()).unwrap();
         assert_eq!(nodes.len(), 4);

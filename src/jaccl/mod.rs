@@ -106,25 +106,25 @@
 //!
 //! # What is verified
 //!
-//! - In simulation (`tests/sim_jaccl.rs`, over the simulator's UC message channels): results
+//! - In simulation (`tests/sim/jaccl.rs`, over the simulator's UC message channels): results
 //!   bit-identical on every rank and equal to an independent model's fold, for every dtype and
-//!   op, 2 to 8 ranks, 1 to 4 ring wires and 1 to 3 mesh wires (`tests/sim_jaccl_wires.rs`),
+//!   op, 2 to 8 ranks, 1 to 4 ring wires and 1 to 3 mesh wires (`tests/sim/jaccl_wires.rs`),
 //!   both frame rules and sizes around every threshold (32 KiB and 512 KiB included); the
 //!   exact list of messages on every queue pair; and under lost messages, error completions,
 //!   dead or stalled peers and UC's drop rule, every rank fails naming a peer by its deadline
 //!   and none returns wrong data. That last guarantee rests on numbered messages: the
 //!   simulator numbers them, and the RDMA fabric sends each with its number as immediate data
 //!   (a difference from MLX, whose lost frame lets the next one take its place unnoticed).
-//! - Across processes over TCP (`tests/jaccl_processes.rs`): meshes of 2 to 4 ranks and rings
+//! - Across processes over TCP (`tests/processes/jaccl.rs`): meshes of 2 to 4 ranks and rings
 //!   of 2 to 4 ranks with 1 or 2 wires, through `nuvec_distributed::init` and
 //!   `nuvec_core::distributed`, every dtype against the model, and a lost peer; meshes of 2 to
 //!   8 ranks with 1 to 3 wires, every collective against the model
-//!   (`tests/jaccl_wires_processes.rs`).
+//!   (`tests/processes/jaccl_wires.rs`).
 //! - Across processes over the RDMA fabric (feature `jaccl`) driving the software RDMA
 //!   provider of `fabric-sim/verbs/`: the same jobs, bit-identical to TCP, and lost messages,
 //!   error completions, silent deaths and strict UC drops ending in errors naming a peer
-//!   (`tests/jaccl_processes.rs`, `tests/jaccl_rdma.rs`, `tests/launch.rs`); multi-wire meshes
-//!   of 2 to 8 ranks, every wire on devices of its own (`tests/jaccl_wires_processes.rs`).
+//!   (`tests/processes/jaccl.rs`, `tests/processes/jaccl_rdma.rs`, `tests/processes/launch.rs`); multi-wire meshes
+//!   of 2 to 8 ranks, every wire on devices of its own (`tests/processes/jaccl_wires.rs`).
 //! - **Not verified**: the RDMA fabric on Thunderbolt hardware, interoperation with MLX's C++
 //!   JACCL, and the layout of Apple's `ibv_gid` in [`Destination`].
 

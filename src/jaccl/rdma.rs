@@ -46,7 +46,7 @@
 //! - In CI, across processes over the software RDMA provider `nuvec-verbs-emu`
 //!   (`fabric-sim/verbs/`, loaded through `NUVEC_JACCL_VERBS`), which checks the queue-pair
 //!   state machine, registrations, UC's drop rule and Apple's limits: the bring-up, the data
-//!   path, the teardown, and faults (`tests/jaccl_rdma.rs`).
+//!   path, the teardown, and faults (`tests/processes/jaccl_rdma.rs`).
 //! - In CI, the type check of the feature for `aarch64-apple-darwin`, and the verbs structs
 //!   against rdma-core's header.
 //! - **Not verified**: Apple's hardware and its `verbs.h`; interoperation with MLX's C++

@@ -1,7 +1,4 @@
 //! The software RDMA provider (`fabric-sim/verbs/`, crate `nuvec-verbs-emu`) for tests: built
-//! once per test binary with this test's profile, and the environment that makes a rank's RDMA
-//! fabric load it. A test binary that includes it includes `common/built.rs` as `built` too.
-#![allow(dead_code, unreachable_pub)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,7 +7,7 @@ use std::sync::OnceLock;
 /// The path of the provider's shared library, built (or brought up to date) on first use.
 pub fn library() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| crate::built::artifact("nuvec-verbs-emu", "libnuvec_verbs_emu.so"))
+    PATH.get_or_init(|| super::built::artifact("nuvec-verbs-emu", "libnuvec_verbs_emu.so"))
 }
 
 /// Every device name in a JACCL device file (`MLX_IBV_DEVICES`' JSON), comma-separated, as

@@ -17,7 +17,7 @@ use nuvec_core::DType;
 use nuvec_distributed::fabric::Channel;
 use nuvec_distributed::reduce::Reduction;
 
-use crate::mlx_model::{Lane, combine_element, left, right};
+use super::mlx_model::{Lane, combine_element, left, right};
 
 /// Message lengths per `(sender, channel)`, in order.
 pub type Messages = BTreeMap<(usize, Channel), Vec<usize>>;

@@ -4,18 +4,14 @@
 //! all-reduce's choice, made per wire) and of 512 KiB (`MESH_MULTI_WIRE_MIN_BYTES`), with
 //! element counts that the wires do not divide; each rank's inputs; and the results and the
 //! messages on every queue pair that `jaccl_model.rs` gives for them.
-//!
-//! A test binary that includes it includes `common/jaccl_model.rs` as `jaccl_model`,
-//! `common/mlx_model.rs` as `mlx_model` and `common/values.rs` as `values` too.
-#![allow(dead_code, unreachable_pub)]
 
 use nuvec_core::DType;
 use nuvec_distributed::reduce::Reduction;
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::jaccl_model::{self, MULTI_WIRE_MIN_BYTES, Messages};
-use crate::values::{DTYPES, OPS, typed_values};
+use super::jaccl_model::{self, MULTI_WIRE_MIN_BYTES, Messages};
+use super::values::{DTYPES, OPS, typed_values};
 
 /// One operation every rank of the mesh issues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,10 +17,9 @@
 //! r's `right[c]` is `Channel { peer: r+1, link: c }`, its `left[c]` is
 //! `Channel { peer: r−1, link: c + (C if R == 2 else 0) }`, and a stream is keyed by
 //! `(sender rank, sender's channel)`.
-
-// Included with `#[path]` by test crates: `pub` is the module's interface, and not every crate
-// uses every helper.
-#![allow(unreachable_pub, dead_code)]
+//!
+//! About 800 lines, one file on purpose: it is read side by side with `ring.cpp` in that file's
+//! order, and the element layouts, the fold and the lockstep wire loops all turn on one [`Lane`].
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -392,7 +391,7 @@ pub fn reduce_plan_literal(e: usize, s: usize, r: usize, c: usize) -> ReducePlan
 
 /// Whether an all-reduce of zero elements puts nothing on the wire: no. MLX takes the small
 /// path for E = 0 (`size < size_`) and exchanges 2(R−1) zero elements, which a mixed job with
-/// `mlx[cpu]==0.32.4` confirms (`tests/interop.rs` includes E = 0).
+/// `mlx[cpu]==0.32.4` confirms (`tests/interop/main.rs` includes E = 0).
 pub const EMPTY_REDUCE_IS_SILENT: bool = false;
 
 /// `[min(j·S, D), min((j+1)·S, D))` with `S = ⌈D/R⌉`: MLX's `send_start`/`send_stop` (an empty

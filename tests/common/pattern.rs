@@ -1,7 +1,7 @@
 //! The deterministic input pattern shared by the Rust interop tests and the
 //! Python MLX rank (`tests/interop/mlx_rank.py`, function `pattern`).
 //!
-//! Both sides must produce the same bytes; `tests/pattern_golden.rs` checks this
+//! Both sides must produce the same bytes; `tests/sim/pattern_golden.rs` checks this
 //! against `tests/interop/pattern_golden.txt`, written by
 //! `tests/interop/pattern_check.py`.
 //!
@@ -19,12 +19,7 @@
 //! complex64         re = float32(x), im = float32(splitmix64(x))
 //! ```
 //!
-//! Only std is used so that any test crate can include this file with
-//! `#[path = "common/pattern.rs"] mod pattern;`.
-
-// Included as a private module by several test crates: `pub` is the module's
-// interface, and not every crate uses every helper.
-#![allow(unreachable_pub, dead_code)]
+//! Only std is used: the definition is the one in the Python rank, nothing more.
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 const ELEM_MUL: u64 = 0xD1B5_4A32_D192_ED03;

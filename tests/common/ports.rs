@@ -1,5 +1,4 @@
 //! Free loopback addresses for test rings.
-#![allow(dead_code, unreachable_pub)]
 
 /// `ranks` entries of `conns` free loopback addresses each, as MLX's hostfile lists them
 /// (`nuvec_local::free_nodes`). The ports are found by binding port 0 and releasing it, so

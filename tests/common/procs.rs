@@ -1,9 +1,4 @@
 //! Multi-process jobs for tests: spawn one process per rank, wait with a bound, kill all on
-//! the first failure, and report every rank's output. A thin layer over the workspace's one
-//! local launcher (`nuvec-local`): what is the tests' own is re-running this test binary as a
-//! rank (`this_test`, `is_child`), one job at a time (`exclusive`), and panicking with every
-//! rank's output.
-#![allow(dead_code, unreachable_pub)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,15 +28,40 @@ pub fn write_hostfile(dir: &Path, nodes: &[Vec<String>]) -> PathBuf {
     nuvec_local::write_hostfile(dir, nodes).expect("write the hostfile")
 }
 
-/// A command that re-runs this test binary as a child running only `test`.
+/// The name the test harness gives `test`: a test's path as
+/// `concat!(module_path!(), "::name")` spells it in the test's own module, less the crate's
+/// name (the harness leaves that out). Written so, a test's name follows it when its file
+/// moves to another module or binary, and `--exact` keeps finding it.
+pub fn harness_name(test: &str) -> &str {
+    test.split_once("::").map_or(test, |(_, path)| path)
+}
+
+/// The command line that re-runs this test binary running only `test` (a path as
+/// [`harness_name`] takes it), its output not captured, on one thread.
+pub fn this_test_argv(test: &str) -> Vec<String> {
+    let exe = std::env::current_exe().expect("current test binary");
+    [
+        exe.display().to_string(),
+        harness_name(test).to_owned(),
+        "--exact".to_owned(),
+        "--nocapture".to_owned(),
+        "--test-threads=1".to_owned(),
+    ]
+    .into()
+}
+
+/// A command that re-runs this test binary as a child running only `test` (a path as
+/// [`harness_name`] takes it), with [`CHILD`] saying so.
 pub fn this_test(test: &str) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().expect("current test binary"));
-    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
+    let argv = this_test_argv(test);
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
     cmd.env(CHILD, test);
     cmd
 }
 
-/// Whether this process is a child running as a rank of `test`.
+/// Whether this process is a child running as a rank of `test` (the path given to
+/// [`this_test`]).
 pub fn is_child(test: &str) -> bool {
     std::env::var(CHILD).is_ok_and(|v| v == test)
 }

@@ -2,15 +2,13 @@
 //! differently in different orders, mixed with NaNs (with payloads, signalling), infinities,
 //! signed zeros, subnormals and extremes at a chosen rate.
 
-#![allow(unreachable_pub, dead_code)]
-
 use nuvec_core::DType;
 use rand::{Rng, RngExt};
 use rand_chacha::ChaCha8Rng;
 
 use nuvec_distributed::reduce::Reduction;
 
-use crate::mlx_model::Lane;
+use super::mlx_model::Lane;
 
 /// Every nuvec dtype MLX's ring and JACCL reduce.
 pub const DTYPES: [DType; 14] = [

@@ -7,7 +7,7 @@
 
 Each line is ``dtype seed rank n hex`` (seed in decimal, hex of the little-endian
 bytes of ``mlx_rank.pattern(dtype, seed, rank, n)``; empty for n = 0 is written as
-``-``). ``tests/pattern_golden.rs`` checks the Rust ``tests/common/pattern.rs``
+``-``). ``tests/sim/pattern_golden.rs`` checks the Rust ``tests/common/pattern.rs``
 against the same file. Needs numpy only.
 """
 

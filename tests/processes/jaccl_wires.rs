@@ -7,23 +7,10 @@
 //! both sides of 32 KiB and 512 KiB) and every result must be the model's on every rank.
 
 #[cfg(feature = "jaccl")]
-#[path = "common/built.rs"]
-mod built;
-#[cfg(feature = "jaccl")]
-#[path = "common/emu.rs"]
-mod emu;
-#[path = "common/jaccl_model.rs"]
-mod jaccl_model;
-#[path = "common/jaccl_wires.rs"]
-mod jaccl_wires;
-#[path = "common/mlx_model.rs"]
-mod mlx_model;
-#[path = "common/ports.rs"]
-mod ports;
-#[path = "common/procs.rs"]
-mod procs;
-#[path = "common/values.rs"]
-mod values;
+use crate::common::emu;
+use crate::common::jaccl_wires;
+use crate::common::ports;
+use crate::common::procs;
 
 use std::time::Duration;
 
@@ -32,7 +19,7 @@ use nuvec_distributed::jaccl::{self, Config, FrameRule, JacclCommunicator, SideC
 
 use jaccl_wires::WireOp;
 
-const CHILD_TEST: &str = "a_multi_wire_rank_runs_its_operations";
+const CHILD_TEST: &str = concat!(module_path!(), "::a_multi_wire_rank_runs_its_operations");
 /// How many operations of the matrix a job runs (all of them when 0).
 const OPS_VAR: &str = "NUVEC_TEST_WIRE_OPS";
 /// The number of wires the device file gives.

@@ -4,8 +4,7 @@
 //! `tests/interop/pattern_check.py --write` from the Python implementation in
 //! `tests/interop/mlx_rank.py`; every line is `dtype seed rank n hex`.
 
-#[path = "common/pattern.rs"]
-mod pattern;
+use crate::common::pattern;
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;

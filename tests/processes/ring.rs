@@ -2,12 +2,9 @@
 //! collective, dtype and shape class on 2, 3, 4 and 8 ranks with 1 and 2 connections, the same
 //! bits on every rank and on reruns, transforms through collectives, and lost peers.
 
-#[path = "common/pattern.rs"]
-mod pattern;
-#[path = "common/ports.rs"]
-mod ports;
-#[path = "common/procs.rs"]
-mod procs;
+use crate::common::pattern;
+use crate::common::ports;
+use crate::common::procs;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -15,7 +12,7 @@ use std::time::{Duration, Instant};
 use nuvec_core::distributed::{self, Group};
 use nuvec_core::{Array, DType, array, grad, ops, vmap};
 
-const CHILD_TEST: &str = "a_rank_runs_its_scenario";
+const CHILD_TEST: &str = concat!(module_path!(), "::a_rank_runs_its_scenario");
 const SCENARIO: &str = "NUVEC_TEST_SCENARIO";
 
 const DTYPES: [(&str, DType); 14] = [

@@ -1,8 +1,7 @@
 //! Authentication with a pre-shared key: keyed rings work, strays, wrong keys and replayed
 //! handshakes are turned away, and a key on one rank only fails setup with a clear error.
 
-#[path = "common/ports.rs"]
-mod ports;
+use crate::common::ports;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

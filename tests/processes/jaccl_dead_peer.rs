@@ -7,15 +7,9 @@
 //! `MEASURED` line per survivor (how long after the death it failed).
 
 #[cfg(feature = "jaccl")]
-#[path = "common/built.rs"]
-mod built;
-#[cfg(feature = "jaccl")]
-#[path = "common/emu.rs"]
-mod emu;
-#[path = "common/ports.rs"]
-mod ports;
-#[path = "common/procs.rs"]
-mod procs;
+use crate::common::emu;
+use crate::common::ports;
+use crate::common::procs;
 
 use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nuvec_core::Array;
 use nuvec_core::distributed::{self, Group};
 
-const CHILD_TEST: &str = "a_rank_of_a_dead_peer_job_runs_its_part";
+const CHILD_TEST: &str = concat!(module_path!(), "::a_rank_of_a_dead_peer_job_runs_its_part");
 /// Which rank dies (or stops).
 const VICTIM: &str = "NUVEC_TEST_VICTIM";
 /// `kill` (SIGKILL) or `stop` (SIGSTOP).

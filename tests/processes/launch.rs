@@ -5,30 +5,32 @@
 //! launchers' temporary files can be checked (nuvec-launch must leave none) and removed
 //! (mlx.launch leaves its own). Every wait is bounded; a job that outlives its bound is
 //! killed, with its descendants, and the test fails.
+//!
+//! Longer than the suites' usual 700 lines on purpose: it is the one end-to-end suite of the
+//! `nuvec-launch` binary (whose own crate is unit-tested only), and its tests share the rank
+//! roles, the scratch directories and the mlx.launch scenarios defined here; the generic parts
+//! (bounded runs, process trees, tagged lines) are in `tests/common/run.rs`.
 
-#[path = "common/built.rs"]
-mod built;
 #[cfg(feature = "jaccl")]
-#[path = "common/emu.rs"]
-mod emu;
-#[path = "common/launcher.rs"]
-mod launcher;
+use crate::common::emu;
+use crate::common::launcher;
+use crate::common::procs;
+use crate::common::run::{
+    Ran, descendants, ended, kill, launched_all_sum, lines, run, run_with_input, tagged,
+};
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use launcher::nuvec_launch as nuvec_launch_binary;
-use nuvec_core::{array, distributed};
 
 /// What a launched copy of this binary does: `ring` or `dump`.
 const ROLE: &str = "NUVEC_LAUNCH_TEST_ROLE";
 /// The test a launched copy of this binary runs.
-const RANK_TEST: &str = "launched_rank";
+const RANK_TEST: &str = concat!(module_path!(), "::launched_rank");
 /// Variables that are not `MLX_*` but that a dump shows.
 const DUMPED: [&str; 6] = ["FOO", "QUOTE", "EMPTY", "FROM_HOSTFILE", "COLUMNS", "LINES"];
 
@@ -37,38 +39,20 @@ const DUMPED: [&str; 6] = ["FOO", "QUOTE", "EMPTY", "FROM_HOSTFILE", "COLUMNS", 
 fn launched_rank() {
     match std::env::var(ROLE).as_deref() {
         Ok("ring") => ring_rank(),
-        Ok("jaccl") => jaccl_rank(),
+        // JACCL over TCP (`NUVEC_JACCL_FABRIC=tcp`) or RDMA, as the job says.
+        Ok("jaccl") => println!("RESULT {}", launched_all_sum()),
         Ok("dump") => dump_rank(),
         _ => {}
     }
 }
 
-/// Joins the ring from the launch environment and prints the all_sum of `[rank, 1]`.
+/// Joins the ring from the launch environment and prints the all_sum of `[rank, 1]` and the
+/// hostfile.
 fn ring_rank() {
-    let group = nuvec_distributed::init(true).expect("init from nuvec-launch's environment");
-    let (r, n) = (group.rank(), group.size());
-    let x = array![r as f32, 1.0];
-    let total = distributed::all_sum(&x, None)
-        .to_vec::<f32>()
-        .expect("all_sum");
+    let result = launched_all_sum();
     let path = std::env::var("MLX_HOSTFILE").expect("MLX_HOSTFILE");
     let hostfile = std::fs::read_to_string(path).expect("the hostfile");
-    println!(
-        "RESULT rank={r} size={n} sum={total:?} hostfile={}",
-        hostfile.trim_end()
-    );
-}
-
-/// Joins the JACCL job from the launch environment (over TCP, `NUVEC_JACCL_FABRIC=tcp`) and
-/// prints the all_sum of `[rank, 1]`.
-fn jaccl_rank() {
-    let group = nuvec_distributed::init(true).expect("init from nuvec-launch's JACCL environment");
-    let (r, n) = (group.rank(), group.size());
-    let x = array![r as f32, 1.0];
-    let total = distributed::all_sum(&x, None)
-        .to_vec::<f32>()
-        .expect("all_sum");
-    println!("RESULT rank={r} size={n} sum={total:?}");
+    println!("RESULT {result} hostfile={}", hostfile.trim_end());
 }
 
 /// Prints, in one line, every `MLX_*` variable and the [`DUMPED`] ones; the files that
@@ -106,23 +90,7 @@ fn dump_rank() {
 
 /// The command that runs this binary as a launched rank.
 fn rank_command() -> Vec<String> {
-    vec![
-        std::env::current_exe()
-            .expect("this test binary")
-            .display()
-            .to_string(),
-        RANK_TEST.to_owned(),
-        "--exact".to_owned(),
-        "--nocapture".to_owned(),
-        "--test-threads=1".to_owned(),
-    ]
-}
-
-/// One job at a time: the machines have two cores and a job starts several processes.
-fn exclusive() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    procs::this_test_argv(RANK_TEST)
 }
 
 /// A fresh scratch directory, removed with its contents when dropped.
@@ -170,116 +138,6 @@ fn nuvec_launch(tmp: &Path, args: &[&str]) -> Command {
     cmd
 }
 
-/// A finished command.
-struct Finished {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-}
-
-impl Finished {
-    fn describe(&self) -> String {
-        format!(
-            "exit {:?} after {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.code, self.elapsed, self.stdout, self.stderr
-        )
-    }
-}
-
-/// `pid`'s descendants, from `ps`.
-fn descendants(pid: u32) -> Vec<u32> {
-    let out = Command::new("ps")
-        .args(["-A", "-o", "pid=", "-o", "ppid="])
-        .output()
-        .expect("ps");
-    let pairs: Vec<(u32, u32)> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
-        })
-        .collect();
-    let mut found = vec![pid];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        for &(p, pp) in &pairs {
-            if pp == parent && !found.contains(&p) {
-                found.push(p);
-            }
-        }
-        i += 1;
-    }
-    found.remove(0);
-    found
-}
-
-fn kill(signal: &str, pids: &[u32]) {
-    if pids.is_empty() {
-        return;
-    }
-    let _ = Command::new("kill")
-        .args(["-s", signal])
-        .args(pids.iter().map(u32::to_string))
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// Whether `pid` has ended (gone, or a zombie nobody has reaped yet).
-fn ended(pid: u32) -> bool {
-    let out = Command::new("ps")
-        .args(["-o", "stat=", "-p", &pid.to_string()])
-        .output()
-        .expect("ps");
-    let stat = String::from_utf8_lossy(&out.stdout);
-    stat.trim().is_empty() || stat.trim_start().starts_with('Z')
-}
-
-/// Runs `cmd` to its end with its output captured; kills it and its descendants and fails
-/// the test if it takes longer than `limit`.
-fn run(mut cmd: Command, limit: Duration) -> Finished {
-    let start = Instant::now();
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the launcher");
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let output = match rx.recv_timeout(limit) {
-        Ok(output) => output.expect("wait for the launcher"),
-        Err(_) => {
-            let mut pids = descendants(pid);
-            pids.push(pid);
-            kill("KILL", &pids);
-            let partial = rx.recv_timeout(Duration::from_secs(10));
-            let text = partial
-                .ok()
-                .and_then(Result::ok)
-                .map(|o| {
-                    format!(
-                        "{}\n{}",
-                        String::from_utf8_lossy(&o.stdout),
-                        String::from_utf8_lossy(&o.stderr)
-                    )
-                })
-                .unwrap_or_default();
-            panic!("{cmd:?} did not end within {limit:?}; killed it\n{text}");
-        }
-    };
-    Finished {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        elapsed: start.elapsed(),
-    }
-}
-
 /// `n` consecutive free loopback ports: the first is the system's choice, the next ones are
 /// checked free (all released before returning; another process could take one meanwhile).
 fn free_ports(n: u16) -> u16 {
@@ -299,45 +157,9 @@ fn free_ports(n: u16) -> u16 {
     panic!("no {n} consecutive free loopback ports");
 }
 
-/// The `RESULT`/`DUMP` payloads by rank, from lines `[rank R] TAG ...` (or `TAG R ...` for
-/// dumps, which carry their rank).
-fn tagged(stdout: &str, tag: &str) -> BTreeMap<usize, String> {
-    let mut found = BTreeMap::new();
-    for line in stdout.lines() {
-        let Some(at) = line.find(&format!("{tag} ")) else {
-            continue;
-        };
-        let payload = &line[at + tag.len() + 1..];
-        let (rank, rest) = if tag == "DUMP" {
-            let (r, rest) = payload.split_once(' ').expect("DUMP rank json");
-            (r.parse().expect("rank"), rest.to_owned())
-        } else {
-            // nuvec-launch prefixes every line with its rank; mlx.launch does not, and then
-            // the payload's `rank=R` says it.
-            let r = line
-                .strip_prefix("[rank ")
-                .and_then(|l| l.split_once(']'))
-                .map(|(r, _)| r.parse().expect("rank"))
-                .or_else(|| {
-                    payload
-                        .strip_prefix("rank=")
-                        .and_then(|p| p.split(' ').next())
-                        .and_then(|r| r.parse().ok())
-                })
-                .expect("a [rank R] prefix or rank=R");
-            (r, payload.to_owned())
-        };
-        assert!(
-            found.insert(rank, rest).is_none(),
-            "two {tag} lines for rank {rank}"
-        );
-    }
-    found
-}
-
 #[test]
 fn four_local_ranks_run_a_real_all_sum_over_the_ring() {
-    let _job = exclusive();
+    let _job = procs::exclusive();
     let tmp = scratch("ring");
     let port = free_ports(4);
     let port_arg = port.to_string();
@@ -354,7 +176,7 @@ fn four_local_ranks_run_a_real_all_sum_over_the_ring() {
     ];
     let command = rank_command();
     args.extend(command.iter().map(String::as_str));
-    let done = run(nuvec_launch(&tmp, &args), Duration::from_secs(120));
+    let done = run(&mut nuvec_launch(&tmp, &args), Duration::from_secs(120));
     assert_eq!(done.code, Some(0), "{}", done.describe());
     let results = tagged(&done.stdout, "RESULT");
     assert_eq!(
@@ -419,7 +241,7 @@ const RING: [&str; 4] = [
 ];
 
 /// The dumps of a job, by rank.
-fn dumps(done: &Finished) -> BTreeMap<usize, BTreeMap<String, String>> {
+fn dumps(done: &Ran) -> BTreeMap<usize, BTreeMap<String, String>> {
     tagged(&done.stdout, "DUMP")
         .into_iter()
         .map(|(r, json)| (r, serde_json::from_str(&json).expect("a dump")))
@@ -428,7 +250,7 @@ fn dumps(done: &Finished) -> BTreeMap<usize, BTreeMap<String, String>> {
 
 #[test]
 fn jaccl_and_jaccl_ring_ranks_see_the_device_file_coordinator_and_ring_flag() {
-    let _job = exclusive();
+    let _job = procs::exclusive();
     let dir = scratch("jaccl");
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).expect("create TMPDIR");
@@ -447,7 +269,7 @@ fn jaccl_and_jaccl_ring_ranks_see_the_device_file_coordinator_and_ring_flag() {
             "--",
         ];
         args.extend(command.iter().map(String::as_str));
-        let done = run(nuvec_launch(&tmp, &args), Duration::from_secs(60));
+        let done = run(&mut nuvec_launch(&tmp, &args), Duration::from_secs(60));
         assert_eq!(done.code, Some(0), "{backend}: {}", done.describe());
         let dumps = dumps(&done);
         assert_eq!(dumps.len(), rdma.len(), "{backend}: {}", done.describe());
@@ -490,7 +312,7 @@ fn jaccl_and_jaccl_ring_jobs_run_a_real_all_sum_over_tcp() {
 /// the extra launcher arguments `extra`, each rank joining by `nuvec_distributed::init` and
 /// checking one all_sum.
 fn jaccl_jobs(launcher: &Path, extra: &[&str]) {
-    let _job = exclusive();
+    let _job = procs::exclusive();
     let dir = scratch("jaccl-job");
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).expect("create TMPDIR");
@@ -525,7 +347,7 @@ fn jaccl_jobs(launcher: &Path, extra: &[&str]) {
             cmd
         };
         cmd.current_dir(&*dir);
-        let done = run(cmd, Duration::from_secs(120));
+        let done = run(&mut cmd, Duration::from_secs(120));
         let what = format!("{backend} by {}", launcher.display());
         assert_eq!(done.code, Some(0), "{what}: {}", done.describe());
         let results = tagged(&done.stdout, "RESULT");
@@ -593,14 +415,14 @@ fn jaccl_and_jaccl_ring_jobs_run_over_the_rdma_fabric_launched_by_nuvec_launch_a
 
 #[test]
 fn a_failing_rank_stops_the_others_and_its_status_is_the_jobs() {
-    let _job = exclusive();
+    let _job = procs::exclusive();
     let tmp = scratch("failing");
     // Rank 1 fails at once; the others leave a sleeping child behind a waiting shell, so
     // stopping them takes their descendants too.
     let script = r#"if [ "$MLX_RANK" = 1 ]; then echo failing; exit 7; fi
 sleep 30 & echo "sleeper $!"; wait"#;
     let done = run(
-        nuvec_launch(&tmp, &["-n", "4", "--", "sh", "-c", script]),
+        &mut nuvec_launch(&tmp, &["-n", "4", "--", "sh", "-c", script]),
         Duration::from_secs(30),
     );
     assert_eq!(done.code, Some(7), "{}", done.describe());
@@ -631,7 +453,7 @@ sleep 30 & echo "sleeper $!"; wait"#;
     // A rank killed by a signal: 128 + the signal, as a shell reports it.
     let script = r#"if [ "$MLX_RANK" = 0 ]; then kill -s KILL $$; fi; exec sleep 30"#;
     let done = run(
-        nuvec_launch(&tmp, &["-n", "2", "--", "sh", "-c", script]),
+        &mut nuvec_launch(&tmp, &["-n", "2", "--", "sh", "-c", script]),
         Duration::from_secs(30),
     );
     assert_eq!(done.code, Some(128 + 9), "{}", done.describe());
@@ -643,7 +465,7 @@ sleep 30 & echo "sleeper $!"; wait"#;
 
     // A command that does not exist: 127, as bash's `exec` in mlx.launch's script.
     let done = run(
-        nuvec_launch(&tmp, &["-n", "2", "nuvec-launch-test-no-such-command"]),
+        &mut nuvec_launch(&tmp, &["-n", "2", "nuvec-launch-test-no-such-command"]),
         Duration::from_secs(30),
     );
     assert_eq!(done.code, Some(127), "{}", done.describe());
@@ -653,7 +475,7 @@ sleep 30 & echo "sleeper $!"; wait"#;
 
 #[test]
 fn killing_the_launcher_stops_the_ranks_and_removes_its_file() {
-    let _job = exclusive();
+    let _job = procs::exclusive();
     let tmp = scratch("killed");
     let mut child = nuvec_launch(
         &tmp,
@@ -673,16 +495,7 @@ fn killing_the_launcher_stops_the_ranks_and_removes_its_file() {
     .expect("spawn nuvec-launch");
     let launcher = child.id();
     let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(Some(line)).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(None);
-    });
+    let rx = lines(stdout);
     let mut ranks = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while ranks.len() < 2 {
@@ -731,7 +544,7 @@ fn killing_the_launcher_stops_the_ranks_and_removes_its_file() {
 
 #[test]
 fn standard_input_reaches_every_rank() {
-    let _job = exclusive();
+    let _job = procs::exclusive();
     let tmp = scratch("stdin");
     let mut cmd = nuvec_launch(
         &tmp,
@@ -744,42 +557,25 @@ fn standard_input_reaches_every_rank() {
             "while read -r l; do echo \"got $l\"; done; echo eof",
         ],
     );
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn nuvec-launch");
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().expect("stdin");
-        stdin.write_all(b"one\ntwo\n").expect("write");
-    }
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let Ok(out) = rx.recv_timeout(Duration::from_secs(30)) else {
-        let mut pids = descendants(pid);
-        pids.push(pid);
-        kill("KILL", &pids);
-        panic!("nuvec-launch did not end");
-    };
-    let out = out.expect("output");
-    assert!(out.status.success());
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let done = run_with_input(&mut cmd, b"one\ntwo\n", Duration::from_secs(30));
+    assert_eq!(done.code, Some(0), "{}", done.describe());
     for rank in 0..3 {
-        let lines: Vec<&str> = stdout
+        let lines: Vec<&str> = done
+            .stdout
             .lines()
             .filter_map(|l| l.strip_prefix(&format!("[rank {rank}] ")))
             .collect();
-        assert_eq!(lines, ["got one", "got two", "eof"], "{stdout}");
+        assert_eq!(lines, ["got one", "got two", "eof"], "{}", done.describe());
     }
 }
 
 #[test]
 fn usage_errors_exit_2_and_help_exits_0() {
     let tmp = scratch("usage");
-    let help = run(nuvec_launch(&tmp, &["--help"]), Duration::from_secs(30));
+    let help = run(
+        &mut nuvec_launch(&tmp, &["--help"]),
+        Duration::from_secs(30),
+    );
     assert_eq!(help.code, Some(0));
     assert!(
         help.stdout.starts_with("Usage: nuvec-launch"),
@@ -797,7 +593,7 @@ fn usage_errors_exit_2_and_help_exits_0() {
         ),
         (&["--backend", "jaccl", "x"][..], "number of RDMA devices"),
     ] {
-        let done = run(nuvec_launch(&tmp, args), Duration::from_secs(30));
+        let done = run(&mut nuvec_launch(&tmp, args), Duration::from_secs(30));
         assert_eq!(done.code, Some(2), "{args:?}: {}", done.describe());
         assert!(
             done.stderr.contains("nuvec-launch: error: ") && done.stderr.contains(message),
@@ -880,7 +676,7 @@ fn scenarios(dir: &Path) -> Vec<(&'static str, Vec<String>)> {
 #[test]
 fn the_environment_matches_mlx_launchs() {
     let Some(mlx) = mlx_launch() else { return };
-    let _job = exclusive();
+    let _job = procs::exclusive();
     let dir = scratch("mlx");
     let command = rank_command();
     for (name, args) in scenarios(&dir) {
@@ -904,7 +700,7 @@ fn the_environment_matches_mlx_launchs() {
                 .env("TMPDIR", &tmp)
                 .env("COLUMNS", "77")
                 .env_remove("LINES");
-            let done = run(cmd, Duration::from_secs(120));
+            let done = run(&mut cmd, Duration::from_secs(120));
             assert_eq!(
                 done.code,
                 Some(0),
@@ -929,7 +725,7 @@ fn the_environment_matches_mlx_launchs() {
 
 #[test]
 fn a_login_banner_before_a_remote_ranks_pid_file_is_output_and_never_reaches_the_kill_script() {
-    let _job = exclusive();
+    let _job = procs::exclusive();
     let tmp = scratch("banner");
     let bin = tmp.join("bin");
     std::fs::create_dir_all(&bin).expect("a bin directory");
@@ -978,16 +774,7 @@ echo ready; sleep 30 & wait"#;
     .expect("spawn nuvec-launch");
     let launcher = child.id();
     let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(Some(line)).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(None);
-    });
+    let rx = lines(stdout);
     let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut released = false;

@@ -6,7 +6,7 @@
 //! runs it across processes over the provider. On hardware it needs hosts with RDMA devices
 //! that have an IPv4-mapped GID: Macs cabled for JACCL (RDMA enabled, an IPv4 address on each
 //! Thunderbolt interface) or Linux hosts with RDMA NICs. Build the test binary on every host
-//! (`cargo test --features jaccl --test jaccl_rdma --no-run` prints its path), write the
+//! (`cargo test --features jaccl --test processes --no-run` prints its path), write the
 //! device file for the cabling, and start the binary on every rank through the launcher, which
 //! runs any command:
 //!
@@ -25,14 +25,9 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::Duration;
 
-#[path = "common/built.rs"]
-mod built;
-#[path = "common/emu.rs"]
-mod emu;
-#[path = "common/ports.rs"]
-mod ports;
-#[path = "common/procs.rs"]
-mod procs;
+use crate::common::emu;
+use crate::common::ports;
+use crate::common::procs;
 
 use nuvec_distributed::Error;
 use nuvec_distributed::fabric::{Channel, ChannelKind, Fabric, Landing, Transfer, Wiring};
@@ -219,10 +214,16 @@ fn free_loopback_address() -> String {
 }
 
 /// The hardware test, as a child of this binary.
-const HARDWARE_TEST: &str = "every_peer_receives_the_frames_sent_to_it_on_every_channel";
+const HARDWARE_TEST: &str = concat!(
+    module_path!(),
+    "::every_peer_receives_the_frames_sent_to_it_on_every_channel"
+);
 
 /// The availability report, as a child of this binary.
-const AVAILABILITY_TEST: &str = "a_child_reports_whether_jaccl_is_available";
+const AVAILABILITY_TEST: &str = concat!(
+    module_path!(),
+    "::a_child_reports_whether_jaccl_is_available"
+);
 
 /// The device file of a JACCL job of `ranks` ranks: a mesh, or a ring of `wires` cables.
 fn device_file(ranks: usize, ring: Option<usize>) -> String {

@@ -23,12 +23,8 @@
 //! sizes around 32 KiB, 2·R·C elements, 64 KiB and frame boundaries. A failing case prints
 //! itself; its `seed` field reproduces it.
 
-#[path = "common/jaccl_model.rs"]
-mod jaccl_model;
-#[path = "common/mlx_model.rs"]
-mod mlx_model;
-#[path = "common/values.rs"]
-mod values;
+use crate::common::jaccl_model;
+use crate::common::values;
 
 use std::sync::Arc;
 use std::time::Duration;

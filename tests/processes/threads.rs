@@ -1,7 +1,6 @@
 //! The ring over real TCP sockets on loopback, with the ranks as threads of one process.
 
-#[path = "common/ports.rs"]
-mod ports;
+use crate::common::ports;
 
 use std::time::Duration;
 

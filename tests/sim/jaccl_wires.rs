@@ -6,14 +6,8 @@
 //! is the one-wire model's. A lost message or a dead peer on a multi-wire mesh fails every rank
 //! naming a peer, never with wrong data, and one seed gives one trace.
 
-#[path = "common/jaccl_model.rs"]
-mod jaccl_model;
-#[path = "common/jaccl_wires.rs"]
-mod jaccl_wires;
-#[path = "common/mlx_model.rs"]
-mod mlx_model;
-#[path = "common/values.rs"]
-mod values;
+use crate::common::jaccl_model;
+use crate::common::jaccl_wires;
 
 use std::time::Duration;
 

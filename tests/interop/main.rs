@@ -4,12 +4,10 @@
 //! Needs the venv made by `.ci/setup-venv` (`mlx[cpu]==0.32.4`); without it the tests print
 //! why and pass, except under CI (`CI=true`), where a missing venv fails them.
 
-#[path = "common/pattern.rs"]
-mod pattern;
-#[path = "common/ports.rs"]
-mod ports;
-#[path = "common/procs.rs"]
-mod procs;
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::{pattern, ports, procs};
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -23,7 +21,7 @@ use nuvec_distributed::{Options, connect_ring, hostfile};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-const RANK_TEST: &str = "a_rust_rank_runs_the_plan_it_is_given";
+const RANK_TEST: &str = concat!(module_path!(), "::a_rust_rank_runs_the_plan_it_is_given");
 const PLAN_VAR: &str = "NUVEC_INTEROP_PLAN";
 const OUT_VAR: &str = "NUVEC_INTEROP_OUT";
 
@@ -361,12 +359,10 @@ fn a_rust_program_runs_under_mlx_launch_with_four_ranks() {
     let value = plan_for(4, 1);
     std::fs::write(&plan, value.to_string()).expect("write plan");
     let reference = run_job(&python, &dir, &plan, 1, &[true; 4]);
-    let exe = std::env::current_exe().expect("this test binary");
     let mut launch = Command::new(&launcher);
     launch
         .args(["-n", "4", "--backend", "ring", "--"])
-        .arg(exe)
-        .args([RANK_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .args(procs::this_test_argv(RANK_TEST))
         .env(procs::CHILD, RANK_TEST)
         .env(PLAN_VAR, &plan)
         .env(OUT_VAR, dir.join("launched{rank}.txt"));

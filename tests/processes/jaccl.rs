@@ -7,21 +7,12 @@
 //! and the provider's faults end in errors naming a peer, with nothing left registered.
 
 #[cfg(feature = "jaccl")]
-#[path = "common/built.rs"]
-mod built;
-#[cfg(feature = "jaccl")]
-#[path = "common/emu.rs"]
-mod emu;
-#[path = "common/jaccl_model.rs"]
-mod jaccl_model;
-#[path = "common/mlx_model.rs"]
-mod mlx_model;
-#[path = "common/ports.rs"]
-mod ports;
-#[path = "common/procs.rs"]
-mod procs;
-#[path = "common/values.rs"]
-mod values;
+use crate::common::emu;
+use crate::common::jaccl_model;
+use crate::common::mlx_model;
+use crate::common::ports;
+use crate::common::procs;
+use crate::common::values;
 
 use std::time::Duration;
 
@@ -31,7 +22,7 @@ use nuvec_distributed::reduce::Reduction;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-const CHILD_TEST: &str = "a_jaccl_rank_runs_its_scenario";
+const CHILD_TEST: &str = concat!(module_path!(), "::a_jaccl_rank_runs_its_scenario");
 const SCENARIO: &str = "NUVEC_TEST_SCENARIO";
 
 /// The raw bytes of an array.

@@ -1,0 +1,27 @@
+//! The crate over real sockets on this machine: ranks as processes (this test binary run
+//! again as each rank, or the examples, or `sh` scripts under `nuvec-launch`), or as threads of
+//! this process.
+//!
+//! - [`ring`], [`jaccl`]: the ring and JACCL's algorithms across processes over loopback
+//!   (JACCL also over the RDMA fabric with the feature `jaccl`); [`jaccl_wires`]: the
+//!   multi-wire mesh; [`jaccl_dead_peer`]: killed and stopped JACCL ranks;
+//! - [`jaccl_rdma`]: the RDMA fabric's availability, bring-up and hardware exchange (feature
+//!   `jaccl`, over the software RDMA provider);
+//! - [`launch`]: `nuvec-launch`, and its environment against `mlx.launch`'s;
+//! - [`examples`]: the examples as the README runs them;
+//! - [`threads`]: the ring with its ranks as threads.
+//!
+//! The machines have two cores: every job of several processes holds
+//! [`common::procs::exclusive`], so that no two of them share the cores.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod examples;
+mod jaccl;
+mod jaccl_dead_peer;
+mod jaccl_rdma;
+mod jaccl_wires;
+mod launch;
+mod ring;
+mod threads;
