@@ -169,17 +169,9 @@ pub(super) fn retransmission_backoff_cap(
     (got == 0).then_some(ms)
 }
 
-/// The text of a configuration error, without the crate's prefix (it is wrapped again).
-fn config_text(e: Error) -> String {
-    match e {
-        Error::Config(text) => text,
-        other => other.to_string(),
-    }
-}
-
 /// A listening socket on `address` (MLX: `SO_REUSEADDR`, then bind and listen).
 fn listen(address: &str) -> Result<(SocketAddr, TcpListener), String> {
-    let addrs = hostfile::resolve(address).map_err(config_text)?;
+    let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
     let mut last = None;
     for addr in addrs {
         let attempt = (|| {
@@ -551,7 +543,7 @@ fn connect_all(
     let mut streams = Vec::with_capacity(addresses.len());
     let to = who.peer;
     for (c, address) in addresses.iter().enumerate() {
-        let addrs = hostfile::resolve(address).map_err(config_text)?;
+        let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
         let mut wait = Duration::from_millis(10);
         let mut attempt = 0u32;
         // The last handshake that failed on a connection that was made, if any.
