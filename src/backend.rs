@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use nuvec_core::distributed::{self, Group};
 
+use crate::config::ConfigError;
 use crate::config::env::Env;
 use crate::config::hostfile;
 use crate::config::log::Log;
@@ -60,12 +61,11 @@ impl FromStr for Backend {
             "any" => Ok(Backend::Any),
             "ring" => Ok(Backend::Ring),
             "jaccl" => Ok(Backend::Jaccl),
-            "mpi" | "nccl" => Err(Error::Config(format!(
-                "the {s} backend of MLX is not provided by nuvec (backends: any, ring or jaccl)"
-            ))),
-            other => Err(Error::Config(format!(
-                "no backend {other:?} (any, ring or jaccl)"
-            ))),
+            "mpi" | "nccl" => Err(ConfigError::BackendNotProvided { name: s.to_owned() }.into()),
+            other => Err(ConfigError::UnknownBackend {
+                name: other.to_owned(),
+            }
+            .into()),
         }
     }
 }
@@ -154,10 +154,10 @@ pub fn connect_jaccl(
     let topology = config.topology()?;
     let (rank, size) = (config.rank(), config.size());
     let coordinator = config.coordinator_address().ok_or_else(|| {
-        Error::Config(
-            "jaccl: no coordinator address (JACCL_COORDINATOR or MLX_JACCL_COORDINATOR, `ip:port` of rank 0)"
-                .into(),
-        )
+        ConfigError::NoCoordinator {
+            vars: jaccl::config::COORDINATOR_VARS.map(String::from).to_vec(),
+        }
+        .jaccl()
     })?;
     let log = Log::new(options.log, rank);
     // As MLX's `is_available`, before any connection: a machine without the verbs library,
@@ -167,10 +167,14 @@ pub fn connect_jaccl(
     if fabric == JacclFabric::Rdma
         && let Some(why) = jaccl::rdma::unavailable()
     {
-        return Err(Error::Config(format!(
-            "jaccl: rank {rank}: the RDMA fabric cannot run on this machine: {why} (or set \
-             NUVEC_JACCL_FABRIC=tcp to run JACCL's algorithms over TCP)"
-        )));
+        return Err(ConfigError::Rdma {
+            problem: format!(
+                "rank {rank}: the RDMA fabric cannot run on this machine: {why} (or set \
+                 NUVEC_JACCL_FABRIC=tcp to run JACCL's algorithms over TCP)"
+            ),
+        }
+        .jaccl()
+        .into());
     }
     let mut side = SideChannel::connect(coordinator, rank, size, options.timeout)?;
     // After bring-up the side channel watches the peers while operations wait (see
@@ -194,9 +198,13 @@ pub fn connect_jaccl(
         #[cfg(not(feature = "jaccl"))]
         JacclFabric::Rdma => {
             let _ = topology;
-            Err(Error::Config(
-                "jaccl: this build has no RDMA fabric (build with the cargo feature jaccl), or set NUVEC_JACCL_FABRIC=tcp to run JACCL's algorithms over TCP".into(),
-            ))
+            Err(ConfigError::Rdma {
+                problem: "this build has no RDMA fabric (build with the cargo feature jaccl), or \
+                          set NUVEC_JACCL_FABRIC=tcp to run JACCL's algorithms over TCP"
+                    .into(),
+            }
+            .jaccl()
+            .into())
         }
     }
 }
@@ -228,19 +236,19 @@ pub fn connect_ring(
         return Ok(RingGroup::single());
     }
     if rank >= size {
-        return Err(Error::Config(format!(
-            "rank {rank} is out of range for a ring of {size} ranks"
-        )));
+        return Err(ConfigError::RankOutsideRing { rank, size }.into());
     }
     let conns = nodes[0].len();
     if conns == 0 {
-        return Err(Error::Config("rank 0 has no address".into()));
+        return Err(ConfigError::NoAddress { rank: 0 }.into());
     }
     if let Some((r, entry)) = nodes.iter().enumerate().find(|(_, e)| e.len() != conns) {
-        return Err(Error::Config(format!(
-            "rank {r} lists {} addresses but rank 0 lists {conns}: every rank needs the same number",
-            entry.len()
-        )));
+        return Err(ConfigError::UnevenRing {
+            rank: r,
+            count: entry.len(),
+            first: conns,
+        }
+        .into());
     }
     let log = Log::new(options.log, rank);
     let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, options.key.as_ref(), &log)?
@@ -290,10 +298,14 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
                 crate::config::env::check_rank(ring.rank, nodes.len(), &ring.hostfile)?;
                 let mut options = options_from(env)?;
                 if let Some(secret) = env.key()? {
-                    options = options.key(secret).map_err(|_| {
-                        Error::Config(
-                            "NUVEC_DISTRIBUTED_KEY is too short (the value is not shown)".into(),
-                        )
+                    // The variable's own rule is the key's: name it, as the option has no name.
+                    options = options.key(secret).map_err(|e| match e {
+                        ConfigError::KeyTooShort { bytes, min, .. } => ConfigError::KeyTooShort {
+                            var: Some(crate::config::env::KEY.into()),
+                            bytes,
+                            min,
+                        },
+                        other => other,
                     })?;
                 }
                 if ring.verbose {
@@ -326,10 +338,11 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
         }
     }
     if strict {
-        return Err(Error::Config(format!(
-            "no {backend} backend could be initialised: {} not set",
-            missing.join(", ")
-        )));
+        return Err(ConfigError::NoBackend {
+            backend: backend.name().to_owned(),
+            missing: missing.into_iter().map(String::from).collect(),
+        }
+        .into());
     }
     Ok(Group::single())
 }

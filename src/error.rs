@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use crate::config::ConfigError;
 use crate::fabric::FabricError;
 
 /// An error of a distributed group or of setting one up.
@@ -67,9 +68,10 @@ pub enum Error {
         /// The operation refused.
         op: &'static str,
     },
-    /// The launch configuration is wrong: an environment variable, the hostfile, an address.
+    /// The launch configuration is wrong: an environment variable, the hostfile, an address,
+    /// an option; the [`ConfigError`] says which, with what was seen and what was expected.
     #[error("distributed: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
     /// Connecting the group failed.
     #[error("distributed: rank {rank}: {what}")]
     Connect {
@@ -100,6 +102,13 @@ impl Error {
     }
 }
 
+impl From<ConfigError> for nuvec_core::Error {
+    /// A configuration error is the caller's to fix: `InvalidArgument`, as from [`Error`].
+    fn from(e: ConfigError) -> Self {
+        Error::Config(e).into()
+    }
+}
+
 impl From<Error> for nuvec_core::Error {
     fn from(e: Error) -> Self {
         match e {
@@ -107,5 +116,24 @@ impl From<Error> for nuvec_core::Error {
             Error::Config(_) => nuvec_core::Error::InvalidArgument(e.to_string()),
             _ => nuvec_core::Error::Io(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configuration_errors_display_with_the_crate_prefix() {
+        let e = crate::config::hostfile::parse("{}", "f.json").unwrap_err();
+        let e = Error::from(e);
+        assert!(
+            e.to_string().starts_with("distributed: hostfile f.json: "),
+            "{e}"
+        );
+        assert!(matches!(
+            nuvec_core::Error::from(e),
+            nuvec_core::Error::InvalidArgument(_)
+        ));
     }
 }

@@ -43,14 +43,17 @@
 //! `InvalidArgument` error, and the group stays usable). Any failure on the wire fails the
 //! group: the error names this rank, the operation and its sequence number, the peer, the link,
 //! how many bytes had moved and how long it waited; every later call returns that first error
-//! at once (an `Io` error).
+//! at once (an `Io` error). A wrong configuration (a variable, the hostfile, an address, an
+//! option) is an [`Error::Config`] holding a [`ConfigError`]: a value to `match` on, naming the
+//! variable or file, the value seen and what was expected.
 //!
 //! Stability: no promise when this crate is depended on directly; depend on nuvec, whose
 //! re-exports are semver-tracked.
 
 // The layers, lowest first (`ARCHITECTURE.md` draws them; `tests/layers.rs` checks that no
-// module uses one above its own): `error`, `limits` and `sync` under everything; `fabric`;
-// `config`; `transport`; `collective`; the backends `ring` and `jaccl`; `backend`; this file.
+// module uses one above its own): `fabric`, `limits` and `sync` under everything; `config`
+// (with its errors); `error`, which wraps them; `transport`; `collective`; the backends `ring`
+// and `jaccl`; `backend`; this file.
 mod backend;
 mod collective;
 mod config;
@@ -66,6 +69,7 @@ pub use backend::{Backend, RingGroup, connect_jaccl, connect_ring, is_available}
 pub use collective::reduce;
 pub use config::hostfile;
 pub use config::options::{DEFAULT_SPIN, MAX_SPIN, Options};
+pub use config::{AddressProblem, ConfigError, FileKind, HostfileProblem, RankProblem};
 pub use error::Error;
 pub use jaccl::JacclFabric;
 pub use ring::communicator::RingCommunicator;

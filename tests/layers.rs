@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first: each entry is a layer's top-level modules of `src/`.
 const LAYERS: [&[&str]; 9] = [
     &["fabric", "limits", "sync"],
-    &["error"],
     &["config"],
+    &["error"],
     &["transport"],
     &["collective"],
     &["ring"],

@@ -14,6 +14,10 @@
 //! `ssh -tt HOST SCRIPT`, the script `mlx.launch` sends (it writes the file with `mktemp` on
 //! that host).
 //!
+//! This file is the one job of supervising a job's processes (`Job`: start, relay output and
+//! standard input, stop on the first failure, tear down); everything that can be decided
+//! without a process is in the modules above, unit-tested.
+//!
 //! Each line a rank prints goes to the same stream of `nuvec-launch`, prefixed with
 //! `[rank R] `, and standard input is copied to every rank (only while `nuvec-launch` is in
 //! the terminal's foreground when standard input is a terminal). When a rank exits with a

@@ -96,6 +96,12 @@ pub(crate) use communicator_over_try;
 /// [`Core`]: super::core::Core
 macro_rules! lifecycle_of_core {
     ($scratch:ty) => {
+        /// Prints failures to `log`.
+        pub(crate) fn with_log(mut self, log: $crate::config::log::Log) -> Self {
+            self.core.set_log(log);
+            self
+        }
+
         fn invalid(&self, op: &'static str, what: String) -> $crate::error::Error {
             self.core.invalid(op, what)
         }

@@ -13,14 +13,14 @@
 //!
 //! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the
 //! process environment. Unlike MLX (which reads `MLX_RANK` with `atoi`), every value is checked,
-//! and a wrong one is an [`Error::Config`] naming the variable, the value (except for the key)
+//! and a wrong one is a [`ConfigError`] naming the variable, the value (except for the key)
 //! and what is wrong.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::config::error::{ConfigError, FileKind, RankProblem};
 
 /// The path of the ring hostfile.
 pub(crate) const MLX_HOSTFILE: &str = "MLX_HOSTFILE";
@@ -124,11 +124,14 @@ impl<'a> Env<'a> {
     }
 
     /// The value of `name` as text; not UTF-8 is an error that shows the value escaped.
-    pub(crate) fn text(&self, name: &str) -> Result<Option<String>, Error> {
+    pub(crate) fn text(&self, name: &str) -> Result<Option<String>, ConfigError> {
         self.raw(name)
             .map(|v| {
-                v.into_string()
-                    .map_err(|v| Error::Config(format!("{name}={v:?} is not valid UTF-8")))
+                v.into_string().map_err(|value| ConfigError::NotUtf8 {
+                    var: name.to_owned(),
+                    value,
+                    expected: None,
+                })
             })
             .transpose()
     }
@@ -138,31 +141,38 @@ impl<'a> Env<'a> {
     /// Errors when only one of them is set, when `MLX_HOSTFILE` is empty, or when `MLX_RANK` is
     /// not a non-negative decimal integer. The rank is checked against the hostfile's size by
     /// [`check_rank`] once the file is read.
-    pub(crate) fn ring(&self) -> Result<Option<RingEnv>, Error> {
+    pub(crate) fn ring(&self) -> Result<Option<RingEnv>, ConfigError> {
         let hostfile = self.raw(MLX_HOSTFILE);
         let rank = self.raw(MLX_RANK);
         let verbose = self.present(MLX_RING_VERBOSE);
         let (hostfile, rank) = match (hostfile, rank) {
             (None, None) => return Ok(None),
             (Some(h), None) => {
-                return Err(Error::Config(format!(
-                    "{MLX_HOSTFILE} is set (to {}) but {MLX_RANK} is not; set {MLX_RANK} to \
-                     this process's rank (0 to the number of ranks in the hostfile minus 1)",
-                    Path::new(&h).display()
-                )));
+                return Err(ConfigError::MissingVariable {
+                    set: MLX_HOSTFILE.into(),
+                    shown: Path::new(&h).display().to_string(),
+                    missing: vec![MLX_RANK.into()],
+                    hint: format!(
+                        "set {MLX_RANK} to this process's rank (0 to the number of ranks in the \
+                         hostfile minus 1)"
+                    ),
+                });
             }
             (None, Some(r)) => {
-                return Err(Error::Config(format!(
-                    "{MLX_RANK} is set (to {r:?}) but {MLX_HOSTFILE} is not; set {MLX_HOSTFILE} \
-                     to the path of the ring hostfile"
-                )));
+                return Err(ConfigError::MissingVariable {
+                    set: MLX_RANK.into(),
+                    shown: format!("{r:?}"),
+                    missing: vec![MLX_HOSTFILE.into()],
+                    hint: format!("set {MLX_HOSTFILE} to the path of the ring hostfile"),
+                });
             }
             (Some(h), Some(r)) => (h, r),
         };
         if hostfile.is_empty() {
-            return Err(Error::Config(format!(
-                "{MLX_HOSTFILE} is set but empty; it must be the path of the ring hostfile"
-            )));
+            return Err(ConfigError::EmptyVariable {
+                var: MLX_HOSTFILE.into(),
+                expected: "the path of the ring hostfile".into(),
+            });
         }
         let rank = parse_rank(&rank)?;
         Ok(Some(RingEnv {
@@ -186,11 +196,11 @@ impl<'a> Env<'a> {
     ///
     /// The value must be a positive finite decimal number of seconds (`"30"`, `"2.5"`,
     /// `"1e-3"`), at least one nanosecond and small enough for a `Duration`.
-    pub(crate) fn timeout(&self) -> Result<Option<Duration>, Error> {
+    pub(crate) fn timeout(&self) -> Result<Option<Duration>, ConfigError> {
         let Some(v) = self.text(TIMEOUT)? else {
             return Ok(None);
         };
-        let bad = |what: &str| Error::Config(format!("{TIMEOUT}={v:?} {what}"));
+        let bad = |what: &str| bad_value(TIMEOUT, &v, what);
         let secs: f64 = v
             .parse()
             .map_err(|_| bad("is not a number of seconds (e.g. \"30\" or \"2.5\")"))?;
@@ -240,20 +250,24 @@ impl<'a> Env<'a> {
 
     /// The spin before parking from `NUVEC_DISTRIBUTED_SPIN_US` (whole microseconds, 0 to
     /// [`MAX_SPIN`](crate::config::options::MAX_SPIN)), `None` if unset.
-    pub(crate) fn spin(&self) -> Result<Option<Duration>, Error> {
+    pub(crate) fn spin(&self) -> Result<Option<Duration>, ConfigError> {
         let Some(v) = self.text(SPIN)? else {
             return Ok(None);
         };
         let max = crate::config::options::MAX_SPIN.as_micros();
         let micros: u64 = v.parse().map_err(|_| {
-            Error::Config(format!(
-                "{SPIN}={v:?} is not a whole number of microseconds (e.g. \"100\", or \"0\" to park at once)"
-            ))
+            bad_value(
+                SPIN,
+                &v,
+                "is not a whole number of microseconds (e.g. \"100\", or \"0\" to park at once)",
+            )
         })?;
         if u128::from(micros) > max {
-            return Err(Error::Config(format!(
-                "{SPIN}={v:?} is above the limit of {max} microseconds"
-            )));
+            return Err(bad_value(
+                SPIN,
+                &v,
+                &format!("is above the limit of {max} microseconds"),
+            ));
         }
         Ok(Some(Duration::from_micros(micros)))
     }
@@ -265,29 +279,26 @@ impl<'a> Env<'a> {
         dead_code,
         reason = "the shared key is read once the handshake that uses it exists"
     )]
-    pub(crate) fn key(&self) -> Result<Option<Vec<u8>>, Error> {
+    pub(crate) fn key(&self) -> Result<Option<Vec<u8>>, ConfigError> {
         let Some(v) = self.raw(KEY) else {
             return Ok(None);
         };
         let Ok(v) = v.into_string() else {
-            return Err(Error::Config(format!(
-                "{KEY} is not valid UTF-8 (the value is not shown)"
-            )));
+            return Err(ConfigError::KeyNotUtf8 { var: KEY.into() });
         };
         if v.len() < MIN_KEY_BYTES {
-            return Err(Error::Config(format!(
-                "{KEY} is too short: {} byte{}, it needs at least {MIN_KEY_BYTES} (the value is \
-                 not shown)",
-                v.len(),
-                if v.len() == 1 { "" } else { "s" }
-            )));
+            return Err(ConfigError::KeyTooShort {
+                var: Some(KEY.into()),
+                bytes: v.len(),
+                min: MIN_KEY_BYTES,
+            });
         }
         Ok(Some(v.into_bytes()))
     }
 
     /// The log level: `NUVEC_DISTRIBUTED_LOG` (`off` if unset), raised to at least
     /// [`LogLevel::Info`] when `MLX_RING_VERBOSE` is present.
-    pub(crate) fn log_level(&self) -> Result<LogLevel, Error> {
+    pub(crate) fn log_level(&self) -> Result<LogLevel, ConfigError> {
         let level = match self.text(LOG)? {
             None => LogLevel::Off,
             Some(v) => match v.to_ascii_lowercase().as_str() {
@@ -297,9 +308,11 @@ impl<'a> Env<'a> {
                 "info" => LogLevel::Info,
                 "debug" => LogLevel::Debug,
                 _ => {
-                    return Err(Error::Config(format!(
-                        "{LOG}={v:?} is not a log level; expected off, error, warn, info or debug"
-                    )));
+                    return Err(bad_value(
+                        LOG,
+                        &v,
+                        "is not a log level; expected off, error, warn, info or debug",
+                    ));
                 }
             },
         };
@@ -311,54 +324,59 @@ impl<'a> Env<'a> {
     }
 }
 
-/// `MLX_RANK` as a non-negative decimal integer.
-fn parse_rank(raw: &OsStr) -> Result<usize, Error> {
-    rank_of(MLX_RANK, raw).map_err(Error::Config)
+/// A [`ConfigError::BadValue`] of variable `var`.
+pub(crate) fn bad_value(var: &str, value: &str, problem: &str) -> ConfigError {
+    ConfigError::BadValue {
+        var: var.to_owned(),
+        value: value.to_owned(),
+        problem: problem.to_owned(),
+    }
 }
 
-/// The rank that variable `var` gives as `raw`: a non-negative decimal integer; else the
-/// message that says what is wrong with it (the ring's `MLX_RANK` and JACCL's `JACCL_RANK` /
-/// `MLX_RANK` are read by this one rule).
-pub(crate) fn rank_of(var: &str, raw: &OsStr) -> Result<usize, String> {
-    let Some(v) = raw.to_str() else {
-        return Err(format!(
-            "{var}={raw:?} is not valid UTF-8; it must be a non-negative integer"
-        ));
+/// `MLX_RANK` as a non-negative decimal integer.
+fn parse_rank(raw: &OsStr) -> Result<usize, ConfigError> {
+    rank_of(MLX_RANK, raw)
+}
+
+/// The rank that variable `var` gives as `raw`: a non-negative decimal integer; else a
+/// [`ConfigError::BadRank`] saying what is wrong with it (the ring's `MLX_RANK` and JACCL's
+/// `JACCL_RANK` / `MLX_RANK` are read by this one rule).
+pub(crate) fn rank_of(var: &str, raw: &OsStr) -> Result<usize, ConfigError> {
+    let bad = |problem| ConfigError::BadRank {
+        var: var.to_owned(),
+        value: raw.to_owned(),
+        problem,
     };
-    let bad = |what: &str| format!("{var}={v:?} {what}");
+    let Some(v) = raw.to_str() else {
+        return Err(bad(RankProblem::NotUtf8));
+    };
     if v.is_empty() {
-        return Err(bad(
-            "is empty; it must be a non-negative integer (the rank, from 0)",
-        ));
+        return Err(bad(RankProblem::Empty));
     }
     if let Some(rest) = v.strip_prefix('-')
         && !rest.is_empty()
         && rest.bytes().all(|b| b.is_ascii_digit())
     {
-        return Err(bad("is negative; ranks count from 0"));
+        return Err(bad(RankProblem::Negative));
     }
     if !v.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad("is not a non-negative integer (the rank, from 0)"));
+        return Err(bad(RankProblem::NotAnInteger));
     }
-    v.parse::<usize>()
-        .map_err(|_| bad("is too large for a rank"))
+    v.parse::<usize>().map_err(|_| bad(RankProblem::TooLarge))
 }
 
 /// Checks `rank` (from `MLX_RANK`) against the number of ranks in the hostfile at `hostfile`.
-pub(crate) fn check_rank(rank: usize, size: usize, hostfile: &Path) -> Result<(), Error> {
+pub(crate) fn check_rank(rank: usize, size: usize, hostfile: &Path) -> Result<(), ConfigError> {
     if rank < size {
         return Ok(());
     }
-    let valid = match size {
-        0 => "no rank is valid".to_owned(),
-        1 => "the only valid rank is 0".to_owned(),
-        n => format!("valid ranks are 0 to {}", n - 1),
-    };
-    Err(Error::Config(format!(
-        "{MLX_RANK}={rank} is out of range: the hostfile {} lists {size} rank{}, so {valid}",
-        hostfile.display(),
-        if size == 1 { "" } else { "s" }
-    )))
+    Err(ConfigError::RankOutOfRange {
+        var: MLX_RANK.into(),
+        rank,
+        size,
+        kind: FileKind::Hostfile,
+        file: hostfile.display().to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -374,9 +392,9 @@ mod tests {
         move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
     }
 
-    fn message(r: Result<impl std::fmt::Debug, Error>) -> String {
+    fn message(r: Result<impl std::fmt::Debug, ConfigError>) -> String {
         match r {
-            Err(Error::Config(m)) => m,
+            Err(e) => e.to_string(),
             other => panic!("expected a configuration error, got {other:?}"),
         }
     }

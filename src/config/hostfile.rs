@@ -16,14 +16,16 @@
 //! - a bracketed IPv6 literal such as `[::1]:5000` is accepted (MLX splits at the first `:`, so
 //!   IPv6 does not work there).
 //!
-//! Every error is an [`Error::Config`].
+//! Every error is a [`ConfigError`]: [`ConfigError::Hostfile`] (with a [`HostfileProblem`]
+//! naming the rank and address index), [`ConfigError::Unreadable`], [`ConfigError::NotUtf8File`]
+//! or [`ConfigError::BadAddress`] (with an [`AddressProblem`]).
 
 use std::net::{Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
 
 use serde_json::Value;
 
-use crate::error::Error;
+use crate::config::error::{AddressProblem, ConfigError, FileKind, HostfileProblem};
 
 /// Parses the text of a ring hostfile into one list of addresses per rank.
 ///
@@ -34,75 +36,72 @@ use crate::error::Error;
 ///
 /// # Errors
 ///
-/// [`Error::Config`] naming `origin`, and the rank and address index where it applies, when the
+/// [`ConfigError::Hostfile`] naming `origin`, and the rank and address index where it applies, when the
 /// text is empty, not JSON, not a list, an empty list, has an entry that is not a list or is
 /// empty, an address that is not a string or not a valid `"host:port"`, or ranks with different
 /// numbers of addresses.
-pub fn parse(text: &str, origin: &str) -> Result<Vec<Vec<String>>, Error> {
+pub fn parse(text: &str, origin: &str) -> Result<Vec<Vec<String>>, ConfigError> {
+    let bad = |problem| ConfigError::Hostfile {
+        file: origin.to_owned(),
+        problem,
+    };
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     if text.trim().is_empty() {
-        return Err(config(format!(
-            "hostfile {origin}: the file is empty; expected a JSON list with one entry per rank, \
-             each a list of \"host:port\" strings (mlx.launch writes an empty hostfile when \
-             there is only one host)"
-        )));
+        return Err(bad(HostfileProblem::Empty));
     }
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| config(format!("hostfile {origin}: not valid JSON: {e}")))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        bad(HostfileProblem::NotJson {
+            reason: e.to_string(),
+            line: e.line(),
+            column: e.column(),
+        })
+    })?;
     let Value::Array(ranks) = value else {
-        return Err(config(format!(
-            "hostfile {origin}: expected a JSON list with one entry per rank, each a list of \
-             \"host:port\" strings, found {}",
-            json_kind(&value)
-        )));
+        return Err(bad(HostfileProblem::NotAList {
+            found: json_kind(&value),
+        }));
     };
     if ranks.is_empty() {
-        return Err(config(format!(
-            "hostfile {origin}: the list of ranks is empty; it needs one entry per rank, each a \
-             list of \"host:port\" strings"
-        )));
+        return Err(bad(HostfileProblem::NoRanks));
     }
     let mut nodes: Vec<Vec<String>> = Vec::with_capacity(ranks.len());
     for (rank, entry) in ranks.iter().enumerate() {
         let Value::Array(addresses) = entry else {
-            return Err(config(format!(
-                "hostfile {origin}: rank {rank}: expected a list of \"host:port\" strings, \
-                 found {}",
-                json_kind(entry)
-            )));
+            return Err(bad(HostfileProblem::EntryNotAList {
+                rank,
+                found: json_kind(entry),
+            }));
         };
         if addresses.is_empty() {
-            return Err(config(format!(
-                "hostfile {origin}: rank {rank}: the list of addresses is empty; every rank \
-                 needs at least one \"host:port\""
-            )));
+            return Err(bad(HostfileProblem::NoAddresses { rank }));
         }
         let mut checked = Vec::with_capacity(addresses.len());
         for (index, address) in addresses.iter().enumerate() {
             let Value::String(address) = address else {
-                return Err(config(format!(
-                    "hostfile {origin}: rank {rank}, address {index}: expected a \"host:port\" \
-                     string, found {}",
-                    json_kind(address)
-                )));
+                return Err(bad(HostfileProblem::AddressNotAString {
+                    rank,
+                    index,
+                    found: json_kind(address),
+                }));
             };
-            if let Err(what) = split(address) {
-                return Err(config(format!(
-                    "hostfile {origin}: rank {rank}, address {index} {address:?}: {what}"
-                )));
+            if let Err(problem) = split(address) {
+                return Err(bad(HostfileProblem::BadAddress {
+                    rank,
+                    index,
+                    address: address.clone(),
+                    problem,
+                }));
             }
             checked.push(address.clone());
         }
         if let Some(first) = nodes.first()
             && first.len() != checked.len()
         {
-            return Err(config(format!(
-                "hostfile {origin}: rank {rank} lists {} address{} but rank 0 lists {}; every \
-                 rank needs the same number of addresses (one per connection)",
-                checked.len(),
-                if checked.len() == 1 { "" } else { "es" },
-                first.len()
-            )));
+            return Err(bad(HostfileProblem::UnevenRanks {
+                rank,
+                count: checked.len(),
+                first: first.len(),
+            }));
         }
         nodes.push(checked);
     }
@@ -113,19 +112,23 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Vec<String>>, Error> {
 ///
 /// # Errors
 ///
-/// [`Error::Config`] naming the path and the I/O error when the file cannot be read, naming
-/// the path when it is not UTF-8, and any error of [`parse`] (with the path as origin).
-pub fn read(path: &Path) -> Result<Vec<Vec<String>>, Error> {
-    let origin = path.display();
-    let bytes = std::fs::read(path)
-        .map_err(|e| config(format!("hostfile {origin}: cannot read the file: {e}")))?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        config(format!(
-            "hostfile {origin}: the file is not UTF-8 text (invalid byte at offset {})",
-            e.utf8_error().valid_up_to()
-        ))
+/// [`ConfigError::Unreadable`] naming the path and the I/O error when the file cannot be read,
+/// [`ConfigError::NotUtf8File`] naming the path when it is not UTF-8, and any error of
+/// [`parse`] (with the path as origin).
+pub fn read(path: &Path) -> Result<Vec<Vec<String>>, ConfigError> {
+    let origin = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| ConfigError::Unreadable {
+        kind: FileKind::Hostfile,
+        file: origin.clone(),
+        io: e.kind(),
+        reason: e.to_string(),
     })?;
-    parse(&text, &origin.to_string())
+    let text = String::from_utf8(bytes).map_err(|e| ConfigError::NotUtf8File {
+        kind: FileKind::Hostfile,
+        file: origin.clone(),
+        offset: e.utf8_error().valid_up_to(),
+    })?;
+    parse(&text, &origin)
 }
 
 /// Splits a `"host:port"` address into its host and port.
@@ -135,13 +138,13 @@ pub fn read(path: &Path) -> Result<Vec<Vec<String>>, Error> {
 ///
 /// # Errors
 ///
-/// [`Error::Config`] naming the address when it is empty, has no port, an empty host, an
+/// [`ConfigError::BadAddress`] naming the address when it is empty, has no port, an empty host, an
 /// unbracketed IPv6 literal, a bad bracketed literal, whitespace, or a port that is not a
 /// number, 0 or above 65535.
-pub fn split_address(addr: &str) -> Result<(String, u16), Error> {
+pub fn split_address(addr: &str) -> Result<(String, u16), ConfigError> {
     split(addr)
         .map(|(host, port)| (host.to_owned(), port))
-        .map_err(|what| config(format!("address {addr:?}: {what}")))
+        .map_err(|problem| bad_address(addr, problem))
 }
 
 /// Splits and resolves a `"host:port"` address (see [`split_address`]) to socket addresses.
@@ -151,22 +154,29 @@ pub fn split_address(addr: &str) -> Result<(String, u16), Error> {
 ///
 /// # Errors
 ///
-/// [`Error::Config`] naming the address when it does not split, does not resolve, or resolves
+/// [`ConfigError::BadAddress`] naming the address when it does not split, does not resolve, or resolves
 /// to no address.
-pub fn resolve(addr: &str) -> Result<Vec<SocketAddr>, Error> {
-    let (host, port) = split(addr).map_err(|what| config(format!("address {addr:?}: {what}")))?;
+pub fn resolve(addr: &str) -> Result<Vec<SocketAddr>, ConfigError> {
+    let (host, port) = split(addr).map_err(|problem| bad_address(addr, problem))?;
     let resolved: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(|e| {
-            config(format!(
-                "address {addr:?}: cannot resolve the host {host:?}: {e}"
-            ))
+            bad_address(
+                addr,
+                AddressProblem::Unresolvable {
+                    host: host.to_owned(),
+                    reason: e.to_string(),
+                },
+            )
         })?
         .collect();
     if resolved.is_empty() {
-        return Err(config(format!(
-            "address {addr:?}: the host {host:?} resolves to no address"
-        )));
+        return Err(bad_address(
+            addr,
+            AddressProblem::ResolvesToNothing {
+                host: host.to_owned(),
+            },
+        ));
     }
     Ok(resolved)
 }
@@ -184,8 +194,11 @@ pub fn write(nodes: &[Vec<String>]) -> String {
     .to_string()
 }
 
-fn config(what: String) -> Error {
-    Error::Config(what)
+fn bad_address(addr: &str, problem: AddressProblem) -> ConfigError {
+    ConfigError::BadAddress {
+        address: addr.to_owned(),
+        problem,
+    }
 }
 
 /// What kind of JSON value `v` is, for messages ("a list", "null" …).
@@ -201,58 +214,58 @@ pub(crate) fn json_kind(v: &Value) -> &'static str {
 }
 
 /// Splits `addr` into host (without IPv6 brackets) and port, or says what is wrong.
-fn split(addr: &str) -> Result<(&str, u16), String> {
+pub(crate) fn split(addr: &str) -> Result<(&str, u16), AddressProblem> {
     if addr.is_empty() {
-        return Err("the address is empty; expected \"host:port\", e.g. \"10.0.0.1:5000\"".into());
+        return Err(AddressProblem::Empty);
     }
     if addr.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("the address contains whitespace or a control character".into());
+        return Err(AddressProblem::Whitespace);
     }
     let (host, port) = if let Some(rest) = addr.strip_prefix('[') {
         let Some((literal, after)) = rest.split_once(']') else {
-            return Err(
-                "'[' without a closing ']'; write an IPv6 address as \"[::1]:5000\"".into(),
-            );
+            return Err(AddressProblem::UnclosedBracket);
         };
         if literal.parse::<Ipv6Addr>().is_err() {
-            return Err(format!(
-                "[{literal}] is not an IPv6 address (brackets are only for IPv6 literals)"
-            ));
+            return Err(AddressProblem::NotIpv6 {
+                literal: literal.to_owned(),
+            });
         }
         let Some(port) = after.strip_prefix(':') else {
-            return Err(format!(
-                "no port after [{literal}]; expected \"[{literal}]:port\""
-            ));
+            return Err(AddressProblem::NoPortAfterBracket {
+                literal: literal.to_owned(),
+            });
         };
         (literal, port)
     } else {
         let Some((host, port)) = addr.split_once(':') else {
-            return Err("no port; expected \"host:port\", e.g. \"10.0.0.1:5000\"".into());
+            return Err(AddressProblem::NoPort);
         };
         if port.contains(':') {
-            return Err(
-                "more than one ':'; write an IPv6 address in brackets, e.g. \"[::1]:5000\"".into(),
-            );
+            return Err(AddressProblem::UnbracketedIpv6);
         }
         if host.is_empty() {
-            return Err("the host before the ':' is empty".into());
+            return Err(AddressProblem::EmptyHost);
         }
         (host, port)
     };
     Ok((host, parse_port(port)?))
 }
 
-fn parse_port(port: &str) -> Result<u16, String> {
+fn parse_port(port: &str) -> Result<u16, AddressProblem> {
     if port.is_empty() {
-        return Err("the port after the ':' is empty".into());
+        return Err(AddressProblem::EmptyPort);
     }
     if !port.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("the port {port:?} is not a number"));
+        return Err(AddressProblem::PortNotANumber {
+            port: port.to_owned(),
+        });
     }
     match port.parse::<u16>() {
-        Ok(0) => Err("port 0 is not allowed; the ring needs a fixed port from 1 to 65535".into()),
+        Ok(0) => Err(AddressProblem::PortZero),
         Ok(p) => Ok(p),
-        Err(_) => Err(format!("port {port} is out of range (1 to 65535)")),
+        Err(_) => Err(AddressProblem::PortOutOfRange {
+            port: port.to_owned(),
+        }),
     }
 }
 
@@ -260,11 +273,8 @@ fn parse_port(port: &str) -> Result<u16, String> {
 mod tests {
     use super::*;
 
-    fn config_message(e: Error) -> String {
-        match e {
-            Error::Config(m) => m,
-            other => panic!("expected a configuration error, got {other:?}"),
-        }
+    fn config_message(e: ConfigError) -> String {
+        e.to_string()
     }
 
     fn strings(nodes: &[&[&str]]) -> Vec<Vec<String>> {
@@ -410,11 +420,29 @@ mod tests {
     }
 
     #[test]
-    fn configuration_errors_display_with_the_crate_prefix() {
-        let e = parse("{}", "f.json").unwrap_err();
+    fn an_address_problem_is_a_value_a_program_can_match() {
+        assert_eq!(
+            split_address("h:0"),
+            Err(ConfigError::BadAddress {
+                address: "h:0".into(),
+                problem: AddressProblem::PortZero
+            })
+        );
+        let e = parse(r#"[["a:1"],["b"]]"#, "f").unwrap_err();
         assert!(
-            e.to_string().starts_with("distributed: hostfile f.json: "),
-            "{e}"
+            matches!(
+                &e,
+                ConfigError::Hostfile {
+                    problem: HostfileProblem::BadAddress {
+                        rank: 1,
+                        index: 0,
+                        problem: AddressProblem::NoPort,
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{e:?}"
         );
     }
 }

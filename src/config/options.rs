@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use crate::config::error::ConfigError;
 use crate::config::key::{Key, MIN_SECRET};
 use crate::config::log::LogLevel;
-use crate::error::Error;
 
 /// How a group is connected and run: every rank should use the same options.
 ///
@@ -64,13 +64,16 @@ impl Options {
     /// HMAC-SHA256 challenge-response before any data, so a stranger cannot join or block a
     /// forming group (see [`auth`](crate::transport::tcp::auth)). Without a key the wire is MLX's. The traffic
     /// is not encrypted.
-    pub fn key(mut self, secret: impl AsRef<[u8]>) -> Result<Self, Error> {
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::KeyTooShort`] when `secret` has fewer than 16 bytes.
+    pub fn key(mut self, secret: impl AsRef<[u8]>) -> Result<Self, ConfigError> {
         let secret = secret.as_ref();
-        self.key = Some(Key::from_secret(secret).ok_or_else(|| {
-            Error::Config(format!(
-                "the key is {} bytes; it needs at least {MIN_SECRET} (the value is not shown)",
-                secret.len()
-            ))
+        self.key = Some(Key::from_secret(secret).ok_or(ConfigError::KeyTooShort {
+            var: None,
+            bytes: secret.len(),
+            min: MIN_SECRET,
         })?);
         Ok(self)
     }

@@ -21,7 +21,6 @@ use super::wire::Scratch;
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
-use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::Fabric;
 use crate::ring::RingTopology;
@@ -101,20 +100,7 @@ impl<F: Fabric> JacclCommunicator<F> {
     /// # Panics
     /// If the fabric does not have `wires` links to each neighbour.
     pub fn ring(fabric: F, wires: usize, rule: FrameRule, timeout: Duration) -> Self {
-        let ring = RingTopology::new(fabric.rank(), fabric.size(), wires);
-        if ring.size() > 1 {
-            let expected = if ring.size() == 2 { 2 * wires } else { wires };
-            assert_eq!(
-                fabric.links(ring.right()),
-                expected,
-                "jaccl ring: right links"
-            );
-            assert_eq!(
-                fabric.links(ring.left()),
-                expected,
-                "jaccl ring: left links"
-            );
-        }
+        let ring = RingTopology::over(&fabric, wires, "jaccl ring");
         Self::with(fabric, Layout::Ring(ring), rule, timeout)
     }
 
@@ -124,12 +110,6 @@ impl<F: Fabric> JacclCommunicator<F> {
             rule,
             core: Core::new(layout.rank(), fabric, Scratch::default(), timeout),
         }
-    }
-
-    /// Prints failures to `log`.
-    pub(crate) fn with_log(mut self, log: Log) -> Self {
-        self.core.set_log(log);
-        self
     }
 
     /// The topology and this rank's place in it.

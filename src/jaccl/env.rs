@@ -5,7 +5,7 @@
 
 use super::config::Config;
 use super::frames::FrameRule;
-use crate::config::env::{Env, JACCL_FABRIC, JACCL_FRAMES};
+use crate::config::env::{Env, JACCL_FABRIC, JACCL_FRAMES, bad_value};
 use crate::error::Error;
 
 /// What carries a JACCL group's frames.
@@ -31,18 +31,21 @@ pub(crate) fn transport(env: &Env<'_>) -> Result<(JacclFabric, FrameRule), Error
         None | Some("rdma") => JacclFabric::Rdma,
         Some("tcp") => JacclFabric::Tcp,
         Some(other) => {
-            return Err(Error::Config(format!(
-                "{JACCL_FABRIC}={other:?} is not a fabric; expected rdma or tcp"
-            )));
+            return Err(
+                bad_value(JACCL_FABRIC, other, "is not a fabric; expected rdma or tcp").into(),
+            );
         }
     };
     let rule = match env.text(JACCL_FRAMES)?.as_deref() {
         None | Some("small") => FrameRule::Small,
         Some("large") => FrameRule::Large,
         Some(other) => {
-            return Err(Error::Config(format!(
-                "{JACCL_FRAMES}={other:?} is not a frame rule; expected small (macOS 26.2) or large (macOS 26.3 and later)"
-            )));
+            return Err(bad_value(
+                JACCL_FRAMES,
+                other,
+                "is not a frame rule; expected small (macOS 26.2) or large (macOS 26.3 and later)",
+            )
+            .into());
         }
     };
     Ok((fabric, rule))

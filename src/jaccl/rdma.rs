@@ -56,6 +56,7 @@ use std::time::{Duration, Instant};
 
 use super::config::{Config, Topology};
 use super::side_channel::{Destination, SideChannel};
+use crate::config::ConfigError;
 use crate::error::Error;
 use crate::fabric::Channel;
 use crate::transport::rdma::{self as transport, Local, Qp, Remote};
@@ -75,10 +76,11 @@ const _: () =
 /// not load (naming each path tried), lacks a function (naming it), or cannot list devices.
 pub fn devices() -> Result<Vec<String>, Error> {
     transport::device_names().map_err(|e| {
-        Error::Config(match e {
-            Unavailable::NoDevice { .. } => format!("jaccl: {e}"),
-            _ => format!("jaccl: no RDMA device is available: {e}"),
-        })
+        let problem = match e {
+            Unavailable::NoDevice { .. } => e.to_string(),
+            _ => format!("no RDMA device is available: {e}"),
+        };
+        Error::Config(ConfigError::Rdma { problem }.jaccl())
     })
 }
 

@@ -10,7 +10,6 @@ use super::{RingTopology, algorithm, schedule};
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
-use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::Fabric;
 
@@ -43,30 +42,11 @@ impl<F: Fabric> RingCommunicator<F> {
     /// # Panics
     /// If the fabric does not have `conns` links to each neighbour.
     pub fn new(fabric: F, conns: usize, timeout: Duration) -> Self {
-        let ring = RingTopology::new(fabric.rank(), fabric.size(), conns);
-        if ring.size() > 1 {
-            let expected = if ring.size() == 2 { 2 * conns } else { conns };
-            assert_eq!(
-                fabric.links(ring.right()),
-                expected,
-                "ring: links to the right neighbour"
-            );
-            assert_eq!(
-                fabric.links(ring.left()),
-                expected,
-                "ring: links to the left neighbour"
-            );
-        }
+        let ring = RingTopology::over(&fabric, conns, "ring");
         Self {
             ring,
             core: Core::new(ring.rank(), fabric, Vec::new(), timeout),
         }
-    }
-
-    /// Prints failures to `log`.
-    pub(crate) fn with_log(mut self, log: Log) -> Self {
-        self.core.set_log(log);
-        self
     }
 
     /// This rank's place in the ring.

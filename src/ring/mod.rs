@@ -33,6 +33,31 @@ impl RingTopology {
         Self { rank, size, conns }
     }
 
+    /// The ring of `fabric`'s rank with `conns` connections per neighbour, checked against
+    /// the fabric's links: the one check both communicators on a ring (MLX's and JACCL's)
+    /// make; `what` names the caller in the panic.
+    ///
+    /// # Panics
+    /// As [`new`](RingTopology::new), and if the fabric does not have `conns` links to each
+    /// neighbour (`2 × conns` to the one neighbour of a ring of two).
+    pub(crate) fn over<F: crate::fabric::Fabric>(fabric: &F, conns: usize, what: &str) -> Self {
+        let ring = Self::new(fabric.rank(), fabric.size(), conns);
+        if ring.size() > 1 {
+            let expected = if ring.size() == 2 { 2 * conns } else { conns };
+            assert_eq!(
+                fabric.links(ring.right()),
+                expected,
+                "{what}: links to the right neighbour"
+            );
+            assert_eq!(
+                fabric.links(ring.left()),
+                expected,
+                "{what}: links to the left neighbour"
+            );
+        }
+        ring
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank

@@ -10,9 +10,9 @@ use nuvec_distributed::Error;
 use nuvec_distributed::hostfile::{parse, read, resolve, split_address};
 
 /// The message of a configuration error; anything else fails the test.
-fn message<T: std::fmt::Debug>(r: Result<T, Error>) -> String {
-    match r {
-        Err(Error::Config(m)) => m,
+fn message<T: std::fmt::Debug, E: Into<Error>>(r: Result<T, E>) -> String {
+    match r.map_err(Into::into) {
+        Err(Error::Config(m)) => m.to_string(),
         other => panic!("expected a configuration error, got {other:?}"),
     }
 }

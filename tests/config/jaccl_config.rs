@@ -13,7 +13,7 @@ use nuvec_distributed::jaccl::{Config, MESH_MAX_PEERS, RING_MAX_CONNS, Topology,
 /// The text of a configuration error.
 fn config_message<T: std::fmt::Debug>(r: Result<T, Error>) -> String {
     match r {
-        Err(Error::Config(m)) => m,
+        Err(Error::Config(m)) => m.to_string(),
         other => panic!("expected a configuration error, got {other:?}"),
     }
 }

@@ -2,9 +2,9 @@
 //! MLX's mesh and ring rules; also [`check_config`] and [`config_message`], shared with
 //! `jaccl_env` and `jaccl_destination`.
 
-use nuvec_distributed::Error;
 use nuvec_distributed::hostfile;
 use nuvec_distributed::jaccl::{Config, MESH_MAX_PEERS, RING_MAX_CONNS, Topology, parse_devices};
+use nuvec_distributed::{ConfigError, Error};
 
 use super::script::text;
 
@@ -12,10 +12,16 @@ use super::script::text;
 type Matrix = Vec<Vec<Vec<String>>>;
 
 /// The message of a configuration error; panics on any other error (every JACCL configuration
-/// error is an [`Error::Config`] starting with `jaccl:`).
+/// error is an [`Error::Config`] holding a [`ConfigError::Jaccl`], whose message starts with
+/// `jaccl:`).
 pub(super) fn config_message<T: std::fmt::Debug>(result: Result<T, Error>, what: &str) -> String {
     match result {
-        Err(Error::Config(m)) => {
+        Err(Error::Config(e)) => {
+            assert!(
+                matches!(e, ConfigError::Jaccl(_)),
+                "{what}: not one of JACCL's: {e:?}"
+            );
+            let m = e.to_string();
             assert!(m.starts_with("jaccl: "), "{what}: message {m:?}");
             m
         }

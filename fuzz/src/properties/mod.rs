@@ -25,6 +25,7 @@ mod jaccl_env;
 mod jaccl_frames;
 mod jaccl_side_channel;
 mod ring_schedule;
+mod ring_setup;
 mod script;
 mod stream_reassembly;
 
@@ -37,6 +38,7 @@ pub(crate) use jaccl_env::jaccl_env;
 pub(crate) use jaccl_frames::jaccl_frames;
 pub(crate) use jaccl_side_channel::jaccl_side_channel;
 pub(crate) use ring_schedule::ring_schedule;
+pub(crate) use ring_setup::ring_setup;
 pub(crate) use stream_reassembly::stream_reassembly;
 
 /// A property: panics when the input shows a bug.
@@ -54,4 +56,5 @@ pub(crate) const TARGETS: &[(&str, Property)] = &[
     ("jaccl_side_channel", jaccl_side_channel),
     ("auth_handshake", auth_handshake),
     ("jaccl_frames", jaccl_frames),
+    ("ring_setup", ring_setup),
 ];

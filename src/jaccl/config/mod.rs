@@ -12,7 +12,7 @@
 //! JACCL library reads the `JACCL_*` ones first. Differences from MLX, all of them stricter,
 //! never rejecting a configuration MLX can run:
 //!
-//! - every value is checked and a wrong one is an [`Error::Config`] naming the variable or the
+//! - every value is checked and a wrong one is an [`Error::Config`] ([`ConfigError`]) naming the variable or the
 //!   file and the entry (MLX reads the rank with `atoi`, so `"x"` is rank 0);
 //! - an empty device name is refused (MLX would open no device for it);
 //! - a ring needs at least one device per neighbour (MLX counts a matrix whose neighbour
@@ -29,6 +29,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::config::hostfile;
+use crate::config::{AddressProblem, ConfigError, FileKind};
 use crate::error::Error;
 
 /// The largest mesh MLX supports, in ranks (MLX's `MESH_MAX_PEERS`).
@@ -42,7 +43,7 @@ const RANK_VARS: [&str; 2] = ["JACCL_RANK", "MLX_RANK"];
 /// The device-file variables, the first set one wins.
 const DEVICES_VARS: [&str; 2] = ["JACCL_IBV_DEVICES", "MLX_IBV_DEVICES"];
 /// The coordinator variables, the first set one wins.
-const COORDINATOR_VARS: [&str; 2] = ["JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"];
+pub(crate) const COORDINATOR_VARS: [&str; 2] = ["JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"];
 /// The ring-preference variables; either one present prefers the ring.
 const RING_VARS: [&str; 2] = ["JACCL_RING", "MLX_JACCL_RING"];
 
@@ -175,31 +176,37 @@ impl Config {
             return Ok(None);
         };
         if path.is_empty() {
-            return Err(config(format!(
-                "{devices_var} is set but empty; it must be the path of the JACCL device file \
-                 (a JSON matrix of RDMA device names)"
-            )));
+            return Err(jaccl(ConfigError::EmptyVariable {
+                var: devices_var.into(),
+                expected: "the path of the JACCL device file (a JSON matrix of RDMA device names)"
+                    .into(),
+            }));
         }
         let path_shown = Path::new(&path).display().to_string();
         let Some((rank_var, rank)) = first(RANK_VARS) else {
-            return Err(config(format!(
-                "{devices_var} is set (to {path_shown}) but neither {} nor {} is; set one to \
-                 this process's rank (from 0)",
-                RANK_VARS[0], RANK_VARS[1]
-            )));
+            return Err(jaccl(ConfigError::MissingVariable {
+                set: devices_var.into(),
+                shown: path_shown,
+                missing: RANK_VARS.map(String::from).to_vec(),
+                hint: "set one to this process's rank (from 0)".into(),
+            }));
         };
         let rank = parse_rank(rank_var, &rank)?;
         let coordinator = match first(COORDINATOR_VARS) {
             None => None,
             Some((var, value)) => {
                 let Some(value) = value.to_str() else {
-                    return Err(config(format!(
-                        "{var}={value:?} is not valid UTF-8; it must be \"ip:port\""
-                    )));
+                    return Err(jaccl(ConfigError::NotUtf8 {
+                        var: var.into(),
+                        value,
+                        expected: Some("\"ip:port\"".into()),
+                    }));
                 };
                 if let Err(what) = check_address(value) {
-                    return Err(config(format!(
-                        "{var}={value:?} is not the \"ip:port\" where rank 0 listens: {what}"
+                    return Err(jaccl(crate::config::env::bad_value(
+                        var,
+                        value,
+                        &format!("is not the \"ip:port\" where rank 0 listens: {what}"),
                     )));
                 }
                 Some(value.to_owned())
@@ -207,22 +214,30 @@ impl Config {
         };
         let prefer_ring = first(RING_VARS).is_some();
         let origin = format!("{path_shown} ({devices_var})");
-        let bytes = std::fs::read(&path)
-            .map_err(|e| config(format!("device file {origin}: cannot read the file: {e}")))?;
+        let bytes = std::fs::read(&path).map_err(|e| {
+            jaccl(ConfigError::Unreadable {
+                kind: FileKind::DeviceFile,
+                file: origin.clone(),
+                io: e.kind(),
+                reason: e.to_string(),
+            })
+        })?;
         let text = String::from_utf8(bytes).map_err(|e| {
-            config(format!(
-                "device file {origin}: the file is not UTF-8 text (invalid byte at offset {})",
-                e.utf8_error().valid_up_to()
-            ))
+            jaccl(ConfigError::NotUtf8File {
+                kind: FileKind::DeviceFile,
+                file: origin.clone(),
+                offset: e.utf8_error().valid_up_to(),
+            })
         })?;
         let devices = parse_devices(&text, &origin)?;
         if rank >= devices.len() {
-            return Err(config(format!(
-                "{rank_var}={rank} is out of range: the device file {origin} has {} rows, so \
-                 valid ranks are 0 to {}",
-                devices.len(),
-                devices.len() - 1
-            )));
+            return Err(jaccl(ConfigError::RankOutOfRange {
+                var: rank_var.into(),
+                rank,
+                size: devices.len(),
+                kind: FileKind::DeviceFile,
+                file: origin,
+            }));
         }
         Ok(Some(Config {
             rank,
@@ -272,16 +287,15 @@ impl Config {
             )));
         }
         let Some(coordinator) = &self.coordinator else {
-            return Err(config(format!(
-                "no coordinator: set {} or {} to the \"ip:port\" where rank 0 listens for the \
-                 side channel",
-                COORDINATOR_VARS[0], COORDINATOR_VARS[1]
-            )));
+            return Err(jaccl(ConfigError::NoCoordinator {
+                vars: COORDINATOR_VARS.map(String::from).to_vec(),
+            }));
         };
-        if let Err(what) = check_address(coordinator) {
-            return Err(config(format!(
-                "coordinator {coordinator:?} is not the \"ip:port\" where rank 0 listens: {what}"
-            )));
+        if let Err(problem) = check_address(coordinator) {
+            return Err(jaccl(ConfigError::BadCoordinator {
+                address: coordinator.clone(),
+                problem,
+            }));
         }
         self.topology().map(|_| ())
     }
@@ -521,62 +535,64 @@ pub fn parse_devices(text: &str, origin: &str) -> Result<Vec<Vec<Vec<String>>>, 
     const EXPECTED: &str = "a JSON list with one row per rank, each a list with one entry per \
                             rank: null, a device name or a list of device names";
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let file = |problem: String| {
+        jaccl(ConfigError::DeviceFile {
+            file: origin.to_owned(),
+            problem,
+        })
+    };
     if text.trim().is_empty() {
-        return Err(config(format!(
-            "device file {origin}: the file is empty; expected {EXPECTED}"
-        )));
+        return Err(file(format!("the file is empty; expected {EXPECTED}")));
     }
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| config(format!("device file {origin}: not valid JSON: {e}")))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| file(format!("not valid JSON: {e}")))?;
     let Value::Array(rows) = value else {
-        return Err(config(format!(
-            "device file {origin}: expected {EXPECTED}, found {}",
-            kind(&value)
-        )));
+        return Err(file(format!("expected {EXPECTED}, found {}", kind(&value))));
     };
     if rows.is_empty() {
-        return Err(config(format!(
-            "device file {origin}: the list of rows is empty; expected {EXPECTED}"
+        return Err(file(format!(
+            "the list of rows is empty; expected {EXPECTED}"
         )));
     }
     let size = rows.len();
     let mut matrix = Vec::with_capacity(size);
     for (r, row) in rows.iter().enumerate() {
         let Value::Array(entries) = row else {
-            return Err(config(format!(
-                "device file {origin}: row {r}: expected a list of {size} entr{} (one per \
-                 rank), found {}",
+            return Err(file(format!(
+                "row {r}: expected a list of {size} entr{} (one per rank), found {}",
                 if size == 1 { "y" } else { "ies" },
                 kind(row)
             )));
         };
         if entries.len() != size {
-            return Err(config(format!(
-                "device file {origin}: row {r} has {} entr{} but the file has {size} rows; every \
-                 row needs one entry per rank (null where there is no cable)",
+            return Err(file(format!(
+                "row {r} has {} entr{} but the file has {size} rows; every row needs one entry \
+                 per rank (null where there is no cable)",
                 entries.len(),
                 if entries.len() == 1 { "y" } else { "ies" }
             )));
         }
         let mut parsed = Vec::with_capacity(size);
         for (e, entry) in entries.iter().enumerate() {
-            let at = format!("device file {origin}: row {r}, entry {e}");
+            let at = format!("row {r}, entry {e}");
             let names = match entry {
                 Value::Null => Vec::new(),
-                Value::String(name) => vec![device_name(name, &at)?],
+                Value::String(name) => vec![device_name(name, &at).map_err(file)?],
                 Value::Array(names) => names
                     .iter()
                     .enumerate()
                     .map(|(k, name)| match name {
-                        Value::String(name) => device_name(name, &format!("{at}, device {k}")),
-                        other => Err(config(format!(
+                        Value::String(name) => {
+                            device_name(name, &format!("{at}, device {k}")).map_err(file)
+                        }
+                        other => Err(file(format!(
                             "{at}, device {k}: expected a device name (a string), found {}",
                             kind(other)
                         ))),
                     })
                     .collect::<Result<_, _>>()?,
                 other => {
-                    return Err(config(format!(
+                    return Err(file(format!(
                         "{at}: expected null, a device name or a list of device names, found {}",
                         kind(other)
                     )));
@@ -589,34 +605,34 @@ pub fn parse_devices(text: &str, origin: &str) -> Result<Vec<Vec<Vec<String>>>, 
     Ok(matrix)
 }
 
-/// A device name, refused when empty.
-fn device_name(name: &str, at: &str) -> Result<String, Error> {
+/// A device name, refused when empty (saying so, with `at`, where it is in the file).
+fn device_name(name: &str, at: &str) -> Result<String, String> {
     if name.is_empty() {
-        return Err(config(format!(
+        return Err(format!(
             "{at}: the device name is empty; use null for no cable"
-        )));
+        ));
     }
     Ok(name.to_owned())
 }
 
 /// What is wrong with a `"host:port"` address, if anything (the ring hostfile's rules).
-fn check_address(addr: &str) -> Result<(), String> {
-    hostfile::split_address(addr)
-        .map(|_| ())
-        .map_err(|e| match e {
-            Error::Config(text) => text,
-            other => other.to_string(),
-        })
+fn check_address(addr: &str) -> Result<(), AddressProblem> {
+    hostfile::split(addr).map(|_| ())
 }
 
 /// A rank from `var`: a non-negative decimal integer (the crate's one rule).
 fn parse_rank(var: &str, raw: &OsString) -> Result<usize, Error> {
-    crate::config::env::rank_of(var, raw).map_err(config)
+    crate::config::env::rank_of(var, raw).map_err(jaccl)
 }
 
-/// A configuration error; every JACCL message starts with `jaccl:`.
+/// A configuration error of the device matrix; every JACCL message starts with `jaccl:`.
 fn config(what: String) -> Error {
-    Error::Config(format!("jaccl: {what}"))
+    jaccl(ConfigError::DeviceMatrix { problem: what })
+}
+
+/// A configuration error of JACCL (its message starts with `jaccl:`).
+fn jaccl(e: ConfigError) -> Error {
+    Error::Config(e.jaccl())
 }
 
 fn plural(n: usize) -> &'static str {

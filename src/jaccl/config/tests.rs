@@ -50,7 +50,7 @@ fn ring(n: usize, wires: usize) -> Vec<Vec<Vec<String>>> {
 
 fn message(r: Result<impl std::fmt::Debug, Error>) -> String {
     match r {
-        Err(Error::Config(m)) => m,
+        Err(Error::Config(m)) => m.to_string(),
         other => panic!("expected a configuration error, got {other:?}"),
     }
 }

@@ -59,7 +59,7 @@
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::config::hostfile;
+use crate::config::{ConfigError, hostfile};
 use crate::error::Error;
 use crate::limits;
 
@@ -123,15 +123,8 @@ impl SideChannel {
         timeout: Duration,
     ) -> Result<SideChannel, Error> {
         let protocol = Protocol::new(rank, size, timeout)?;
-        let addrs = hostfile::resolve(coordinator).map_err(|e| {
-            Error::Config(format!(
-                "jaccl: side channel coordinator: {}",
-                match e {
-                    Error::Config(text) => text,
-                    other => other.to_string(),
-                }
-            ))
-        })?;
+        let addrs = hostfile::resolve(coordinator)
+            .map_err(|e| Error::Config(ConfigError::Coordinator(Box::new(e)).jaccl()))?;
         let deadline = limits::deadline_in(timeout);
         let fail = |what: String| Error::Connect {
             rank,
@@ -423,7 +416,7 @@ mod tests {
         }
         let e = SideChannel::connect("127.0.0.1", 0, 2, t).unwrap_err();
         assert!(
-            matches!(&e, Error::Config(m) if m.contains("jaccl") && m.contains("no port")),
+            matches!(&e, Error::Config(m) if m.to_string().contains("jaccl") && m.to_string().contains("no port")),
             "{e}"
         );
     }

@@ -9,6 +9,11 @@
 //! connections and the deadlines; a [`Duration`] is held here only to name the timeout in
 //! messages.
 //!
+//! One file for one state machine: every operation is a step of the same cursor (the
+//! message, the peer and the bytes moved) over the same sticky failure, so splitting it by
+//! operation would scatter one state across files; its tests are in `protocol/tests.rs`, and
+//! about a sixth of this file is its documentation.
+//!
 //! # Driving it
 //!
 //! [`Protocol::start`] an [`Operation`], then loop on [`Protocol::poll`]: send what

@@ -6,6 +6,7 @@
 //! layout with zero padding; decoding ignores the padding, so `decode(encode(d)) == d`; nothing
 //! here panics on bytes from a peer.
 
+use crate::config::ConfigError;
 use crate::error::Error;
 
 /// The details another rank needs to connect a queue pair to one of this rank's, as MLX's
@@ -46,11 +47,13 @@ impl Destination {
     /// [`Error::Config`] when `bytes` is not exactly [`BYTES`](Destination::BYTES) long.
     pub fn decode(bytes: &[u8]) -> Result<Destination, Error> {
         let Ok(bytes) = <&[u8; Self::BYTES]>::try_from(bytes) else {
-            return Err(Error::Config(format!(
-                "jaccl: a Destination record is exactly {} bytes (MLX's struct layout), got {}",
-                Self::BYTES,
-                bytes.len()
-            )));
+            return Err(Error::Config(
+                ConfigError::RecordLength {
+                    expected: Self::BYTES,
+                    got: bytes.len(),
+                }
+                .jaccl(),
+            ));
         };
         Ok(Destination::from_record(bytes))
     }

@@ -1,19 +1,12 @@
-//! Connection setup of MLX's ring, in MLX's order (reference §2.3).
+//! The socket driver of the ring's connection setup (reference §2.3): it binds the
+//! listeners, then does what [`Setup`](super::setup::Setup) says, in MLX's order, and reports
+//! back what happened; every decision (which link next, retries and back-off, the deadline,
+//! strangers) is the state machine's, so this file only holds socket calls.
 //!
-//! Rank r listens on every address of its own hostfile entry and connects to every address of
-//! its right neighbour's entry, one connection per address, address c being connection c.
-//! Every rank accepts before it connects, except rank R−1, which connects to rank 0 first:
-//! that unrolls the chain without deadlock. No bytes are exchanged (MLX's ring has no
-//! handshake). Unlike MLX, every wait is bounded by one deadline for the whole setup, a
-//! connector retries while its peer is not listening yet, and each failure names the address
-//! and the rank.
-//!
-//! With a key ([`crate::transport::tcp::auth`]), an acceptor authenticates every connection it accepts at
-//! once, beside the others, each within [`HANDSHAKE`] (5 s) of its arrival in all, however
-//! it trickles its bytes; the first to prove the key takes the listener's place. An opener
-//! whose handshake gets no answer, or sees the connection close, opens a new connection and
-//! tries again until the deadline; one told the key is wrong fails at once. So strangers,
-//! silent or slow, neither join nor block a forming group.
+//! No bytes are exchanged without a key (MLX's ring has no handshake). With a key
+//! ([`crate::transport::tcp::auth`]), an opener runs its half of the handshake blocking, bounded
+//! by the time the setup gives it; an acceptor runs every accepted connection's half without
+//! blocking, beside the others, and the setup drops the ones that fail or run out of time.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
@@ -28,13 +21,7 @@ use crate::config::log::Log;
 use crate::error::Error;
 use crate::limits;
 use crate::transport::tcp::auth::{self, Acceptor, Key, Opener};
-
-/// The longest a connection may take to authenticate: a stranger that connects and says
-/// nothing holds up setup for no longer than this.
-const HANDSHAKE: Duration = Duration::from_secs(5);
-
-/// How often a rank waiting for a connection says who it is still waiting for.
-const PROGRESS: Duration = Duration::from_secs(5);
+use crate::transport::tcp::setup::{Action, Conn, Event, Failure, Note, Setup};
 
 /// The sockets of one rank of a ring: `right[c]` was opened by this rank to its right
 /// neighbour's address c, `left[c]` was accepted on this rank's own address c.
@@ -52,50 +39,24 @@ pub(crate) fn connect_ring(
     key: Option<&Key>,
     log: &Log,
 ) -> Result<RingSockets, Error> {
-    let size = nodes.len();
-    let deadline = limits::deadline_in(timeout);
     let fail = |what: String| Error::Connect { rank, what };
-    let right = (rank + 1) % size;
-    let left = (rank + size - 1) % size;
     // Bind every listener first, so that a left neighbour that connects early finds us.
     let mut listeners = Vec::with_capacity(nodes[rank].len());
     for address in &nodes[rank] {
-        listeners.push((address.clone(), listen(address).map_err(&fail)?));
+        listeners.push((address.clone(), listen(address).map_err(&fail)?.1));
     }
-    let accept = |listeners| {
-        log.info(format_args!("Rank {rank} accepting"));
-        let who = Who {
-            rank,
-            peer: left,
-            key,
-        };
-        accept_all(listeners, who, deadline, timeout, log).map_err(&fail)
-    };
-    let connect = || {
-        log.info(format_args!("Rank {rank} connecting to {right}"));
-        let who = Who {
-            rank,
-            peer: right,
-            key,
-        };
-        connect_all(&nodes[right], who, deadline, timeout, log).map_err(&fail)
-    };
-    let (opened, accepted) = if rank < right {
-        let accepted = accept(listeners)?;
-        (connect()?, accepted)
-    } else {
-        let opened = connect()?;
-        (opened, accept(listeners)?)
-    };
-    log.info(format_args!(
-        "Rank {rank} connected: {} to rank {right}, {} from rank {left}",
-        opened.len(),
-        accepted.len()
-    ));
-    Ok(RingSockets {
-        right: opened,
-        left: accepted,
-    })
+    let links = nodes[rank].len();
+    let setup = Setup::new(
+        rank,
+        nodes.len(),
+        links,
+        key.is_some(),
+        Instant::now(),
+        timeout,
+    );
+    Driver::new(setup, nodes, key, log)
+        .and_then(|driver| driver.run(listeners))
+        .map_err(fail)
 }
 
 /// Socket options of every connection of a [`TcpFabric`](super::TcpFabric) (the ring's and
@@ -169,17 +130,9 @@ pub(super) fn retransmission_backoff_cap(
     (got == 0).then_some(ms)
 }
 
-/// The text of a configuration error, without the crate's prefix (it is wrapped again).
-fn config_text(e: Error) -> String {
-    match e {
-        Error::Config(text) => text,
-        other => other.to_string(),
-    }
-}
-
 /// A listening socket on `address` (MLX: `SO_REUSEADDR`, then bind and listen).
 fn listen(address: &str) -> Result<(SocketAddr, TcpListener), String> {
-    let addrs = hostfile::resolve(address).map_err(config_text)?;
+    let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
     let mut last = None;
     for addr in addrs {
         let attempt = (|| {
@@ -201,12 +154,11 @@ fn listen(address: &str) -> Result<(SocketAddr, TcpListener), String> {
     Err(last.unwrap_or_else(|| format!("cannot listen on {address}: it resolves to nothing")))
 }
 
-/// The two ends of the connections being made, and the key if they authenticate.
+/// The two ends of the connections being made.
 #[derive(Clone, Copy)]
-struct Who<'a> {
+struct Who {
     rank: usize,
     peer: usize,
-    key: Option<&'a Key>,
 }
 
 /// Reads exactly `buf.len()` bytes before `until`: the socket's read timeout is what is left
@@ -267,7 +219,7 @@ struct Refused {
 /// The opener's half of the handshake on a new connection, all of it before `until`.
 fn authenticate_acceptor(
     stream: &TcpStream,
-    who: Who<'_>,
+    who: Who,
     link: usize,
     key: &Key,
     until: Instant,
@@ -307,19 +259,19 @@ fn authenticate_acceptor(
     })
 }
 
-/// The most connections a rank authenticates at once; more are closed at once (the opener of
-/// the real neighbour retries).
-const MAX_PENDING: usize = 64;
-
-/// An accepted connection being authenticated: the acceptor's half of the handshake, run
-/// without blocking beside every other connection's.
-struct Handshake {
+/// An accepted connection whose fate the setup has not decided yet.
+struct Arrival {
+    conn: Conn,
     stream: mio::net::TcpStream,
     peer: SocketAddr,
-    /// The listener (connection index) it arrived on.
     link: usize,
-    /// The whole handshake must be done by then.
-    until: Instant,
+    /// Its handshake, once the setup asked for one.
+    handshake: Option<Handshake>,
+}
+
+/// The acceptor's half of the handshake on one connection, run without blocking: the bytes
+/// read and written so far.
+struct Handshake {
     hello: [u8; auth::HELLO],
     got: usize,
     /// Made once the hello is in, with the reply to send.
@@ -340,18 +292,32 @@ enum Stage {
 }
 
 impl Handshake {
-    /// Moves the handshake as far as the socket allows now.
-    fn advance(&mut self, key: &Key, who: Who<'_>) -> Stage {
+    fn new() -> Self {
+        Handshake {
+            hello: [0; auth::HELLO],
+            got: 0,
+            acceptor: None,
+            sent: 0,
+            proof: [0; auth::NONCE],
+            proved: 0,
+        }
+    }
+
+    /// Moves the handshake of `stream`, accepted on `link`, as far as the socket allows now.
+    fn advance(
+        &mut self,
+        stream: &mut mio::net::TcpStream,
+        link: usize,
+        key: &Key,
+        who: Who,
+    ) -> Stage {
         let Handshake {
-            stream,
-            link,
             hello,
             got,
             acceptor,
             sent,
             proof,
             proved,
-            ..
         } = self;
         loop {
             let moved = if *got < hello.len() {
@@ -368,7 +334,7 @@ impl Handshake {
                     };
                 }
             } else {
-                match Acceptor::new(key, who.rank as u32, who.peer as u32, *link as u32, hello) {
+                match Acceptor::new(key, who.rank as u32, who.peer as u32, link as u32, hello) {
                     Ok(made) => *acceptor = Some(made),
                     Err(e) => return Stage::Failed(e.to_string()),
                 }
@@ -387,231 +353,345 @@ impl Handshake {
     }
 }
 
-/// Accepts exactly one connection on each listener. With a key, every accepted connection is
-/// authenticated at once beside the others, each within [`HANDSHAKE`] of its arrival: one
-/// that fails or runs out of time is dropped, and its listener takes the first that succeeds.
-/// So strangers, silent or slow, cannot keep the real neighbour waiting.
-fn accept_all(
-    listeners: Vec<(String, (SocketAddr, TcpListener))>,
-    who: Who<'_>,
-    deadline: Instant,
-    timeout: Duration,
-    log: &Log,
-) -> Result<Vec<TcpStream>, String> {
-    let mut poll = Poll::new().map_err(|e| format!("cannot poll: {e}"))?;
-    let mut events = Events::with_capacity(16);
-    let mut listeners: Vec<(String, TcpListener)> = listeners
-        .into_iter()
-        .map(|(address, (_, listener))| (address, listener))
-        .collect();
-    for (c, (address, listener)) in listeners.iter_mut().enumerate() {
-        poll.registry()
-            .register(listener, Token(c), Interest::READABLE)
-            .map_err(|e| format!("cannot poll {address}: {e}"))?;
+/// The sockets of one setup, driven by its [`Setup`].
+struct Driver<'a> {
+    setup: Setup,
+    nodes: &'a [Vec<String>],
+    key: Option<&'a Key>,
+    log: &'a Log,
+    poll: Poll,
+    /// The right neighbour's addresses of each link, resolved when first opened.
+    resolved: Vec<Option<Vec<SocketAddr>>>,
+    /// The connection being opened (connected, maybe authenticating).
+    opening: Option<TcpStream>,
+    opened: Vec<TcpStream>,
+    arrivals: Vec<Arrival>,
+    accepted: Vec<Option<TcpStream>>,
+    next_conn: u64,
+}
+
+impl<'a> Driver<'a> {
+    fn new(
+        setup: Setup,
+        nodes: &'a [Vec<String>],
+        key: Option<&'a Key>,
+        log: &'a Log,
+    ) -> Result<Self, String> {
+        let links = nodes[setup.rank()].len();
+        Ok(Driver {
+            setup,
+            nodes,
+            key,
+            log,
+            poll: Poll::new().map_err(|e| format!("cannot poll: {e}"))?,
+            resolved: vec![None; links],
+            opening: None,
+            opened: Vec::with_capacity(links),
+            arrivals: Vec::new(),
+            accepted: (0..links).map(|_| None).collect(),
+            next_conn: 0,
+        })
     }
-    let mut streams: Vec<Option<TcpStream>> = (0..listeners.len()).map(|_| None).collect();
-    let mut pending: Vec<Handshake> = Vec::new();
-    let mut next_token = listeners.len();
-    let mut last_said = Instant::now();
-    loop {
+
+    /// This rank's address of `link`.
+    fn own(&self, link: usize) -> &str {
+        self.nodes[self.setup.rank()]
+            .get(link)
+            .map_or("?", String::as_str)
+    }
+
+    /// The right neighbour's address of `link`.
+    fn theirs(&self, link: usize) -> &str {
+        self.nodes[self.setup.right()]
+            .get(link)
+            .map_or("?", String::as_str)
+    }
+
+    fn who(&self, peer: usize) -> Who {
+        Who {
+            rank: self.setup.rank(),
+            peer,
+        }
+    }
+
+    fn run(mut self, mut listeners: Vec<(String, TcpListener)>) -> Result<RingSockets, String> {
         for (c, (address, listener)) in listeners.iter_mut().enumerate() {
-            while streams[c].is_none() {
-                let (mut stream, peer) = match listener.accept() {
+            self.poll
+                .registry()
+                .register(listener, Token(c), Interest::READABLE)
+                .map_err(|e| format!("cannot poll {address}: {e}"))?;
+        }
+        let mut events = Events::with_capacity(16);
+        loop {
+            let now = Instant::now();
+            let action = self.setup.poll(now);
+            while let Some(note) = self.setup.poll_note() {
+                self.say(&note);
+            }
+            match action {
+                Action::Open { link, within, .. } => self.open(link, within)?,
+                Action::AuthenticateOpened { link, until } => self.authenticate_opened(link, until),
+                Action::AuthenticateAccepted { conn, .. } => self.authenticate_accepted(conn)?,
+                Action::Keep { conn, link } => {
+                    if let Some(arrival) = self.take_arrival(conn) {
+                        self.accepted[link] = Some(TcpStream::from(arrival.stream));
+                    }
+                }
+                Action::Drop { conn, link, why } => {
+                    if let Some(arrival) = self.take_arrival(conn) {
+                        self.log.warn(format_args!(
+                            "rejected a connection from {} on {} (connection {link}): {why}",
+                            arrival.peer,
+                            self.own(link)
+                        ));
+                    }
+                }
+                Action::Wait { until } => {
+                    if !self.accept(&mut listeners)? && !self.advance_handshakes() {
+                        let missing = self.setup.connections().1.iter().position(Option::is_none);
+                        let wait = until.saturating_duration_since(Instant::now());
+                        match self.poll.poll(&mut events, Some(wait)) {
+                            Ok(()) => {}
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => {
+                                let address = self.own(missing.unwrap_or(0));
+                                return Err(format!("waiting on {address}: {e}"));
+                            }
+                        }
+                    }
+                }
+                // A back-off between connection attempts: the peer may not be listening yet.
+                Action::Sleep { until } => {
+                    std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                }
+                Action::Done => break,
+                Action::Failed(failure) => return Err(self.describe(&failure)),
+            }
+        }
+        self.arrivals.clear();
+        let mut left = Vec::with_capacity(self.accepted.len());
+        for (link, stream) in std::mem::take(&mut self.accepted).into_iter().enumerate() {
+            let address = self.own(link);
+            let Some(stream) = stream else {
+                return Err(format!("no connection on {address}"));
+            };
+            stream
+                .set_nonblocking(false)
+                .map_err(|e| format!("accepted socket on {address}: {e}"))?;
+            left.push(stream);
+        }
+        Ok(RingSockets {
+            right: self.opened,
+            left,
+        })
+    }
+
+    /// One attempt to open `link`, each of its resolved addresses in turn.
+    fn open(&mut self, link: usize, within: Duration) -> Result<(), String> {
+        if self.resolved[link].is_none() {
+            let addrs = hostfile::resolve(self.theirs(link)).map_err(|e| e.to_string())?;
+            self.resolved[link] = Some(addrs);
+        }
+        let mut last = String::from("no address");
+        let mut connected = None;
+        for addr in self.resolved[link].iter().flatten() {
+            match TcpStream::connect_timeout(addr, within) {
+                Ok(s) => {
+                    connected = Some(s);
+                    break;
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        let event = match connected {
+            Some(stream) => {
+                self.opening = Some(stream);
+                Event::Opened { link }
+            }
+            None => Event::OpenFailed { link, why: last },
+        };
+        self.report(event);
+        Ok(())
+    }
+
+    fn authenticate_opened(&mut self, link: usize, until: Instant) {
+        let who = self.who(self.setup.right());
+        let event = match (&self.opening, self.key) {
+            (Some(stream), Some(key)) => match authenticate_acceptor(stream, who, link, key, until)
+            {
+                Ok(()) => Event::OpenerAuthenticated { link },
+                Err(Refused { why, retry }) => Event::OpenerRefused { link, why, retry },
+            },
+            _ => Event::OpenerRefused {
+                link,
+                why: "no connection or no key to authenticate".into(),
+                retry: false,
+            },
+        };
+        self.report(event);
+    }
+
+    /// Hands `event` to the setup; a link it now counts as open takes the connection opened.
+    fn report(&mut self, event: Event) {
+        // A refused handshake closes its connection (a new attempt opens another).
+        let refused = matches!(event, Event::OpenerRefused { .. });
+        self.setup.handle(Instant::now(), event);
+        if self.setup.connections().0 > self.opened.len() {
+            if let Some(stream) = self.opening.take() {
+                self.opened.push(stream);
+            }
+        } else if refused {
+            self.opening = None;
+        }
+    }
+
+    fn take_arrival(&mut self, conn: Conn) -> Option<Arrival> {
+        let at = self.arrivals.iter().position(|a| a.conn == conn)?;
+        let mut arrival = self.arrivals.swap_remove(at);
+        if arrival.handshake.is_some() {
+            let _ = self.poll.registry().deregister(&mut arrival.stream);
+        }
+        Some(arrival)
+    }
+
+    fn authenticate_accepted(&mut self, conn: Conn) -> Result<(), String> {
+        let token = Token(self.nodes[self.setup.rank()].len() + conn.0 as usize);
+        let Some(arrival) = self.arrivals.iter_mut().find(|a| a.conn == conn) else {
+            return Ok(());
+        };
+        self.poll
+            .registry()
+            .register(
+                &mut arrival.stream,
+                token,
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .map_err(|e| format!("cannot poll a connection from {}: {e}", arrival.peer))?;
+        arrival.handshake = Some(Handshake::new());
+        Ok(())
+    }
+
+    /// Accepts every connection waiting on a link the setup accepts on; whether any came.
+    fn accept(&mut self, listeners: &mut [(String, TcpListener)]) -> Result<bool, String> {
+        let mut any = false;
+        for (c, (address, listener)) in listeners.iter_mut().enumerate() {
+            while self.setup.accepting(c) {
+                let (stream, peer) = match listener.accept() {
                     Ok(pair) => pair,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
                     Err(e) => return Err(format!("accepting on {address}: {e}")),
                 };
-                log.debug(format_args!(
+                self.log.debug(format_args!(
                     "accepted {peer} on {address} (connection {c})"
                 ));
-                if who.key.is_none() {
-                    streams[c] = Some(TcpStream::from(stream));
-                    break;
-                }
-                if pending.len() >= MAX_PENDING {
-                    log.warn(format_args!(
-                        "rejected a connection from {peer} on {address} (connection {c}): \
-                         {MAX_PENDING} connections are authenticating already"
-                    ));
-                    continue;
-                }
-                poll.registry()
-                    .register(
-                        &mut stream,
-                        Token(next_token),
-                        Interest::READABLE | Interest::WRITABLE,
-                    )
-                    .map_err(|e| format!("cannot poll a connection from {peer}: {e}"))?;
-                next_token += 1;
-                pending.push(Handshake {
+                let conn = Conn(self.next_conn);
+                self.next_conn += 1;
+                self.arrivals.push(Arrival {
+                    conn,
                     stream,
                     peer,
                     link: c,
-                    until: limits::deadline_in(HANDSHAKE).min(deadline),
-                    hello: [0; auth::HELLO],
-                    got: 0,
-                    acceptor: None,
-                    sent: 0,
-                    proof: [0; auth::NONCE],
-                    proved: 0,
+                    handshake: None,
                 });
+                self.setup
+                    .handle(Instant::now(), Event::Arrived { link: c, conn });
+                any = true;
+                // The setup decides (keep, authenticate, drop) before the next one is taken.
+                break;
             }
         }
-        if let Some(key) = who.key {
-            let now = Instant::now();
-            let mut i = 0;
-            while i < pending.len() {
-                let h = &mut pending[i];
-                let stage = if streams[h.link].is_some() {
-                    // Its listener has its connection: no need to hear it out.
-                    Stage::Failed("the connection is taken".into())
-                } else {
-                    match h.advance(key, who) {
-                        Stage::Pending if now >= h.until => Stage::Failed(format!(
-                            "it did not authenticate within {:?} of connecting",
-                            HANDSHAKE.min(timeout)
-                        )),
-                        stage => stage,
-                    }
-                };
-                if let Stage::Pending = stage {
-                    i += 1;
-                    continue;
-                }
-                let mut h = pending.swap_remove(i);
-                let _ = poll.registry().deregister(&mut h.stream);
-                let address = &listeners[h.link].0;
-                match stage {
-                    Stage::Done => streams[h.link] = Some(TcpStream::from(h.stream)),
-                    Stage::Failed(why) => log.warn(format_args!(
-                        "rejected a connection from {} on {address} (connection {}): {why}",
-                        h.peer, h.link
-                    )),
-                    Stage::Pending => {}
-                }
-            }
-        }
-        if streams.iter().all(Option::is_some) {
-            break;
-        }
-        let now = Instant::now();
-        let missing = streams.iter().position(Option::is_none).unwrap_or(0);
-        let address = &listeners[missing].0;
-        if now >= deadline {
-            return Err(format!(
-                "rank {} never connected to {address} (connection {missing}): timed out after {timeout:?}",
-                who.peer
-            ));
-        }
-        if now.saturating_duration_since(last_said) >= PROGRESS {
-            last_said = now;
-            log.info(format_args!(
-                "still waiting for rank {} to connect to {address} (connection {missing}), {:?} left",
-                who.peer,
-                deadline.saturating_duration_since(now)
-            ));
-        }
-        // Wake up for the next connection or handshake bytes, a handshake's time running out,
-        // or every few seconds to say who is still missing.
-        let wait = pending
-            .iter()
-            .map(|h| h.until.saturating_duration_since(now))
-            .fold((deadline - now).min(PROGRESS), Duration::min);
-        match poll.poll(&mut events, Some(wait)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("waiting on {address}: {e}")),
-        }
+        Ok(any)
     }
-    drop(pending);
-    let mut out = Vec::with_capacity(streams.len());
-    for (stream, (address, _)) in streams.into_iter().zip(&listeners) {
-        let Some(stream) = stream else {
-            return Err(format!("no connection on {address}"));
-        };
-        stream
-            .set_nonblocking(false)
-            .map_err(|e| format!("accepted socket on {address}: {e}"))?;
-        out.push(stream);
-    }
-    Ok(out)
-}
 
-/// Connects once to every address of `to`'s entry, in order, retrying each while the peer is
-/// not listening yet.
-fn connect_all(
-    addresses: &[String],
-    who: Who<'_>,
-    deadline: Instant,
-    timeout: Duration,
-    log: &Log,
-) -> Result<Vec<TcpStream>, String> {
-    let mut streams = Vec::with_capacity(addresses.len());
-    let to = who.peer;
-    for (c, address) in addresses.iter().enumerate() {
-        let addrs = hostfile::resolve(address).map_err(config_text)?;
-        let mut wait = Duration::from_millis(10);
-        let mut attempt = 0u32;
-        // The last handshake that failed on a connection that was made, if any.
-        let mut refused: Option<String> = None;
-        let stream = 'connected: loop {
-            attempt += 1;
-            let now = Instant::now();
-            let mut last = String::from("no address");
-            let mut connected = None;
-            for addr in &addrs {
-                let left = deadline
-                    .saturating_duration_since(now)
-                    .max(Duration::from_millis(1));
-                match TcpStream::connect_timeout(addr, left.min(Duration::from_secs(5))) {
-                    Ok(s) => {
-                        connected = Some(s);
-                        break;
-                    }
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            if let Some(s) = connected {
-                let Some(key) = who.key else {
-                    break s;
-                };
-                let until = limits::deadline_in(HANDSHAKE).min(deadline);
-                match authenticate_acceptor(&s, who, c, key, until) {
-                    Ok(()) => break 'connected s,
-                    Err(Refused { why, retry }) => {
-                        if !retry {
-                            return Err(format!(
-                                "authentication with rank {to} at {address} (connection {c}) failed: {why}"
-                            ));
-                        }
-                        last = format!("the authentication failed: {why}");
-                        refused = Some(why);
-                    }
-                }
-            }
-            let now = Instant::now();
-            if limits::deadline(now, wait) >= deadline {
-                let earlier = match &refused {
-                    Some(why) if !last.starts_with("the authentication") => {
-                        format!("; an earlier connection's authentication failed: {why}")
-                    }
-                    _ => String::new(),
-                };
-                return Err(format!(
-                    "cannot connect to rank {to} at {address} (connection {c}) after {attempt} attempts in {timeout:?}: {last}{earlier}"
-                ));
-            }
-            log.info(format_args!(
-                "Attempt {attempt} to connect to rank {to} at {address} failed ({last}); retrying in {wait:?}, {:?} left",
-                deadline - now
-            ));
-            // A back-off between connection attempts: the peer may not be listening yet.
-            std::thread::sleep(wait);
-            wait = (wait * 2).min(Duration::from_millis(500));
+    /// Moves every handshake on; whether any of them ended.
+    fn advance_handshakes(&mut self) -> bool {
+        let Some(key) = self.key else {
+            return false;
         };
-        streams.push(stream);
+        let who = self.who(self.setup.left());
+        let mut ended = Vec::new();
+        for arrival in &mut self.arrivals {
+            let Some(handshake) = &mut arrival.handshake else {
+                continue;
+            };
+            match handshake.advance(&mut arrival.stream, arrival.link, key, who) {
+                Stage::Pending => {}
+                Stage::Done => ended.push(Event::AcceptorAuthenticated { conn: arrival.conn }),
+                Stage::Failed(why) => ended.push(Event::AcceptorFailed {
+                    conn: arrival.conn,
+                    why,
+                }),
+            }
+        }
+        let any = !ended.is_empty();
+        for event in ended {
+            self.setup.handle(Instant::now(), event);
+        }
+        any
     }
-    Ok(streams)
+
+    fn say(&self, note: &Note) {
+        let (rank, right, left) = (self.setup.rank(), self.setup.right(), self.setup.left());
+        match note {
+            Note::Accepting => self.log.info(format_args!("Rank {rank} accepting")),
+            Note::Connecting => self
+                .log
+                .info(format_args!("Rank {rank} connecting to {right}")),
+            Note::Retrying {
+                link,
+                attempt,
+                last,
+                wait,
+                left,
+            } => self.log.info(format_args!(
+                "Attempt {attempt} to connect to rank {right} at {} failed ({last}); retrying in {wait:?}, {left:?} left",
+                self.theirs(*link)
+            )),
+            Note::StillWaiting { link, left: time } => self.log.info(format_args!(
+                "still waiting for rank {left} to connect to {} (connection {link}), {time:?} left",
+                self.own(*link)
+            )),
+            Note::Connected => self.log.info(format_args!(
+                "Rank {rank} connected: {} to rank {right}, {} from rank {left}",
+                self.setup.connections().0,
+                self.setup.connections().1.iter().flatten().count()
+            )),
+        }
+    }
+
+    /// The message of a failed setup, naming the addresses.
+    fn describe(&self, failure: &Failure) -> String {
+        match failure {
+            Failure::NeverConnected {
+                peer,
+                link,
+                timeout,
+            } => format!(
+                "rank {peer} never connected to {} (connection {link}): timed out after {timeout:?}",
+                self.own(*link)
+            ),
+            Failure::CannotConnect {
+                peer,
+                link,
+                attempts,
+                timeout,
+                last,
+                earlier,
+            } => {
+                let earlier = earlier.as_ref().map_or(String::new(), |why| {
+                    format!("; an earlier connection's authentication failed: {why}")
+                });
+                format!(
+                    "cannot connect to rank {peer} at {} (connection {link}) after {attempts} attempts in {timeout:?}: {last}{earlier}",
+                    self.theirs(*link)
+                )
+            }
+            Failure::AuthenticationFailed { peer, link, why } => format!(
+                "authentication with rank {peer} at {} (connection {link}) failed: {why}",
+                self.theirs(*link)
+            ),
+        }
+    }
 }

@@ -29,6 +29,7 @@
 pub mod auth;
 mod connect;
 mod scratch;
+pub mod setup;
 pub mod stream;
 
 use std::io;
