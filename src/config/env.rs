@@ -222,7 +222,7 @@ impl<'a> Env<'a> {
     /// operation's deadline bounds a wait).
     ///
     /// The value must be a non-negative finite decimal number of seconds (`"5"`, `"0.5"`).
-    pub(crate) fn jaccl_progress_timeout(&self) -> Result<Option<Duration>, Error> {
+    pub(crate) fn jaccl_progress_timeout(&self) -> Result<Option<Duration>, ConfigError> {
         let mut found = None;
         for name in JACCL_PROGRESS_TIMEOUT {
             if let Some(v) = self.text(name)? {
@@ -233,7 +233,7 @@ impl<'a> Env<'a> {
         let Some((name, v)) = found else {
             return Ok(None);
         };
-        let bad = |what: &str| Error::Config(format!("{name}={v:?} {what}"));
+        let bad = |what: &str| bad_value(name, &v, what);
         let secs: f64 = v.trim().parse().map_err(|_| {
             bad("is not a number of seconds (e.g. \"5\" or \"0.5\"; 0 turns it off)")
         })?;

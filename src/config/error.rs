@@ -226,6 +226,16 @@ pub enum ConfigError {
         /// The bytes given.
         got: usize,
     },
+    /// A rank's queue pairs would pass one of Apple's limits on a Thunderbolt device (queue
+    /// pairs or memory regions per device, work requests per queue); found before any queue
+    /// pair is created.
+    #[error("rdma: rank {rank}: {problem}, before any queue pair was created")]
+    AppleLimit {
+        /// The rank whose configuration passes the limit.
+        rank: usize,
+        /// Which limit, by how much, and what would fit.
+        problem: String,
+    },
     /// The RDMA fabric cannot run here: no verbs library, a function or a device missing.
     #[error("{problem}")]
     Rdma {

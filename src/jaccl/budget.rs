@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use nuvec_verbs_abi::{APPLE_MAX_MR_PER_DEVICE, APPLE_MAX_QP_PER_DEVICE, APPLE_MAX_WR_PER_QUEUE};
 
 use super::config::{Config, Topology};
+use crate::config::error::ConfigError;
 use crate::error::Error;
 use crate::transport::rdma::{IN_FLIGHT, RECV_AHEAD, REGIONS_PER_QUEUE_PAIR, WORK_REQUESTS};
 
@@ -168,11 +169,14 @@ impl Needs {
 /// The bring-up's check: this rank of `config` fits Apple's limits for `topology`, or an
 /// [`Error::Config`] saying which limit it would pass.
 pub(crate) fn check(config: &Config, topology: Topology) -> Result<(), Error> {
-    Needs::planned(config, topology).check().map_err(|what| {
-        Error::Config(format!(
-            "jaccl: rdma: rank {}: {what}, before any queue pair was created",
-            config.rank()
-        ))
+    Needs::planned(config, topology).check().map_err(|problem| {
+        Error::Config(
+            ConfigError::AppleLimit {
+                rank: config.rank(),
+                problem,
+            }
+            .jaccl(),
+        )
     })
 }
 
