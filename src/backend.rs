@@ -19,6 +19,7 @@ use crate::error::Error;
 use crate::fabric::Fabric;
 use crate::jaccl::{self, FrameRule, JacclCommunicator, JacclFabric, SideChannel};
 use crate::ring::communicator::RingCommunicator;
+use crate::ring::split::TcpRing;
 use crate::transport::tcp::TcpFabric;
 
 /// A distributed backend, by MLX's names.
@@ -238,7 +239,18 @@ pub fn connect_ring(
     let log = Log::new(options.log, rank);
     let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, options.key.as_ref(), &log)?
         .with_spin(options.spin);
-    let comm = Arc::new(RingCommunicator::new(fabric, conns, options.timeout).with_log(log));
+    let splitter = TcpRing::new(
+        nodes[rank][0].clone(),
+        conns,
+        options.key.clone(),
+        log,
+        options.spin,
+    );
+    let comm = Arc::new(
+        RingCommunicator::new(fabric, conns, options.timeout)
+            .with_log(log)
+            .with_splitter(Arc::new(splitter)),
+    );
     Ok(RingGroup {
         group: Group::new(comm.clone()),
         comm: Some(comm),

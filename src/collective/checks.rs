@@ -48,12 +48,14 @@ pub(crate) fn one_part_per_rank(
 }
 
 /// The `nuvec_core` [`Communicator`](nuvec_core::distributed::Communicator) of a
-/// communicator type whose `try_*` methods do the work: the same six forwarders for both
+/// communicator type whose `try_*` methods do the work: the same seven forwarders for both
 /// backends, turning a `nuvec_core` reduction into this crate's and this crate's error into
 /// `nuvec_core`'s.
 macro_rules! communicator_over_try {
     ($ty:ident) => {
-        impl<F: $crate::fabric::Fabric + Send> nuvec_core::distributed::Communicator for $ty<F> {
+        impl<F: $crate::fabric::Fabric + Send + 'static> nuvec_core::distributed::Communicator
+            for $ty<F>
+        {
             fn rank(&self) -> usize {
                 self.core.rank()
             }
@@ -83,6 +85,14 @@ macro_rules! communicator_over_try {
 
             fn recv(&self, src: usize, data: &mut [u8]) -> nuvec_core::Result<()> {
                 Ok(self.try_recv(src, data)?)
+            }
+
+            fn split(
+                &self,
+                color: i32,
+                key: i32,
+            ) -> nuvec_core::Result<std::sync::Arc<dyn nuvec_core::distributed::Communicator>> {
+                Ok(self.try_split(color, key)?)
             }
         }
     };

@@ -10,6 +10,7 @@
 //! operation breaks off in the middle nothing could say which message belongs to which
 //! operation.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use nuvec_core::DType;
@@ -21,6 +22,7 @@ use super::wire::Scratch;
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
+use crate::collective::split::Splitter;
 use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::Fabric;
@@ -59,6 +61,8 @@ pub struct JacclCommunicator<F: Fabric> {
     layout: Layout,
     rule: FrameRule,
     core: Core<F, Scratch>,
+    /// How its fabric makes a sub-group's (`split`); `None`: it cannot.
+    splitter: Option<Arc<dyn Splitter<F>>>,
 }
 
 impl<F: Fabric> std::fmt::Debug for JacclCommunicator<F> {
@@ -112,6 +116,7 @@ impl<F: Fabric> JacclCommunicator<F> {
             layout,
             rule,
             core: Core::new(layout.rank(), fabric, Scratch::default(), timeout),
+            splitter: None,
         }
     }
 
@@ -119,6 +124,17 @@ impl<F: Fabric> JacclCommunicator<F> {
     pub(crate) fn with_log(mut self, log: Log) -> Self {
         self.core.set_log(log);
         self
+    }
+
+    /// Makes `split` build sub-groups' fabrics with `splitter`.
+    pub(crate) fn with_splitter(mut self, splitter: Arc<dyn Splitter<F>>) -> Self {
+        self.splitter = Some(splitter);
+        self
+    }
+
+    /// How its fabric makes a sub-group's, if it can.
+    pub(crate) fn splitter(&self) -> Option<&Arc<dyn Splitter<F>>> {
+        self.splitter.as_ref()
     }
 
     /// The topology and this rank's place in it.

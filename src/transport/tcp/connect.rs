@@ -52,16 +52,30 @@ pub(crate) fn connect_ring(
     key: Option<&Key>,
     log: &Log,
 ) -> Result<RingSockets, Error> {
-    let size = nodes.len();
-    let deadline = limits::deadline_in(timeout);
     let fail = |what: String| Error::Connect { rank, what };
-    let right = (rank + 1) % size;
-    let left = (rank + size - 1) % size;
     // Bind every listener first, so that a left neighbour that connects early finds us.
     let mut listeners = Vec::with_capacity(nodes[rank].len());
     for address in &nodes[rank] {
         listeners.push((address.clone(), listen(address).map_err(&fail)?));
     }
+    connect_ring_on(nodes, rank, listeners, timeout, key, log)
+}
+
+/// [`connect_ring`] over `listeners`, already bound on this rank's addresses `nodes[rank]`
+/// (a sub-group's ring binds ephemeral ports before it can tell its neighbours their numbers).
+pub(crate) fn connect_ring_on(
+    nodes: &[Vec<String>],
+    rank: usize,
+    listeners: Vec<(String, (SocketAddr, TcpListener))>,
+    timeout: Duration,
+    key: Option<&Key>,
+    log: &Log,
+) -> Result<RingSockets, Error> {
+    let size = nodes.len();
+    let deadline = limits::deadline_in(timeout);
+    let fail = |what: String| Error::Connect { rank, what };
+    let right = (rank + 1) % size;
+    let left = (rank + size - 1) % size;
     let accept = |listeners| {
         log.info(format_args!("Rank {rank} accepting"));
         let who = Who {
@@ -182,23 +196,25 @@ fn listen(address: &str) -> Result<(SocketAddr, TcpListener), String> {
     let addrs = hostfile::resolve(address).map_err(config_text)?;
     let mut last = None;
     for addr in addrs {
-        let attempt = (|| {
-            let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-            socket.set_reuse_address(true)?;
-            if addr.is_ipv6() {
-                socket.set_only_v6(false).ok();
-            }
-            socket.bind(&SockAddr::from(addr))?;
-            socket.listen(16)?;
-            socket.set_nonblocking(true)?;
-            Ok::<_, io::Error>(TcpListener::from_std(socket.into()))
-        })();
-        match attempt {
+        match listen_at(addr) {
             Ok(listener) => return Ok((addr, listener)),
             Err(e) => last = Some(format!("cannot listen on {address} ({addr}): {e}")),
         }
     }
     Err(last.unwrap_or_else(|| format!("cannot listen on {address}: it resolves to nothing")))
+}
+
+/// A non-blocking listening socket bound to `addr` (port 0: one the system picks).
+pub(crate) fn listen_at(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false).ok();
+    }
+    socket.bind(&SockAddr::from(addr))?;
+    socket.listen(16)?;
+    socket.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(socket.into()))
 }
 
 /// The two ends of the connections being made, and the key if they authenticate.
