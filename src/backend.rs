@@ -11,12 +11,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use nuvec_core::distributed::{self, Group};
 
+use crate::collective::split::Splitter;
 use crate::config::env::Env;
 use crate::config::hostfile;
 use crate::config::log::Log;
 use crate::config::options::Options;
 use crate::error::Error;
 use crate::fabric::Fabric;
+use crate::jaccl::split::TcpCables;
 use crate::jaccl::{self, FrameRule, JacclCommunicator, JacclFabric, SideChannel};
 use crate::ring::communicator::RingCommunicator;
 use crate::ring::split::TcpRing;
@@ -178,12 +180,31 @@ pub fn connect_jaccl(
         JacclFabric::Tcp => {
             let (tcp, topology) = jaccl::tcp::connect(config, &mut side, options.timeout)?;
             let tcp = tcp.with_spin(options.spin);
-            Ok(jaccl_group(tcp, topology, rule, options.timeout, log))
+            let ip = side
+                .local_ip()
+                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+            let splitter = TcpCables::new(topology, size, ip, log, options.spin);
+            let splitter: Arc<dyn Splitter<TcpFabric>> = Arc::new(splitter);
+            Ok(jaccl_group(
+                tcp,
+                topology,
+                rule,
+                options.timeout,
+                log,
+                Some(splitter),
+            ))
         }
         #[cfg(feature = "jaccl")]
         JacclFabric::Rdma => {
             let rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
-            Ok(jaccl_group(rdma, topology, rule, options.timeout, log))
+            Ok(jaccl_group(
+                rdma,
+                topology,
+                rule,
+                options.timeout,
+                log,
+                None,
+            ))
         }
         #[cfg(not(feature = "jaccl"))]
         JacclFabric::Rdma => {
@@ -201,12 +222,18 @@ fn jaccl_group<F: Fabric + Send + 'static>(
     rule: FrameRule,
     timeout: std::time::Duration,
     log: Log,
+    splitter: Option<Arc<dyn Splitter<F>>>,
 ) -> Group {
     let comm = match topology {
         jaccl::Topology::Mesh => JacclCommunicator::mesh(fabric, rule, timeout),
         jaccl::Topology::Ring { wires } => JacclCommunicator::ring(fabric, wires, rule, timeout),
     };
-    Group::new(Arc::new(comm.with_log(log)))
+    let comm = comm.with_log(log);
+    let comm = match splitter {
+        Some(splitter) => comm.with_splitter(splitter),
+        None => comm,
+    };
+    Group::new(Arc::new(comm))
 }
 
 /// Connects rank `rank` of MLX's ring over `nodes` (per rank its `host:port` addresses, all

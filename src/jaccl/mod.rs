@@ -90,7 +90,7 @@ pub mod mesh;
 pub mod rdma;
 pub mod ring;
 pub mod side_channel;
-mod split;
+pub(crate) mod split;
 pub mod tcp;
 mod wire;
 
