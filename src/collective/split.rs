@@ -28,7 +28,7 @@ pub(crate) const RECORD: usize = 8;
 
 /// One rank's sub-group: its rank and the parent ranks of every member in sub-group order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Plan {
+pub struct Plan {
     /// The color this rank passed.
     pub(crate) color: i32,
     /// This rank's rank in the sub-group.
@@ -39,8 +39,23 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// The number of ranks in the sub-group.
-    pub(crate) fn size(&self) -> usize {
+    pub fn size(&self) -> usize {
         self.members.len()
+    }
+
+    /// This rank's rank in the sub-group.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The parent rank of each member, in sub-group rank order.
+    pub fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// The color of the sub-group.
+    pub fn color(&self) -> i32 {
+        self.color
     }
 }
 
@@ -152,10 +167,10 @@ pub(crate) fn gather_bytes<E>(
 
 /// Gathers every parent rank's bytes (any lengths) over the parent group, in
 /// parent rank order: the one way a sub-group's members tell each other how to reach them.
-pub(crate) type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>, Error> + 'a;
+pub type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>, Error> + 'a;
 
 /// A sub-group's new fabric, and how that fabric makes its own sub-groups (a split of a split).
-pub(crate) struct SubFabric<F> {
+pub struct SubFabric<F> {
     /// This rank's fabric among the members, ranks numbered as the [`Plan`] orders them.
     pub(crate) fabric: F,
     /// How the new fabric splits in turn.
@@ -164,13 +179,24 @@ pub(crate) struct SubFabric<F> {
     pub(crate) log: Log,
 }
 
+impl<F> SubFabric<F> {
+    /// `fabric`, which splits in turn with `splitter`; its group logs nothing.
+    pub fn new(fabric: F, splitter: Arc<dyn Splitter<F>>) -> Self {
+        Self {
+            fabric,
+            splitter,
+            log: Log::off(),
+        }
+    }
+}
+
 /// How a communicator over fabric `F` makes the fabric of a sub-group: each fabric its own way
 /// (new sockets, new queue pairs, new simulated channels).
 ///
 /// Every parent rank calls [`Splitter::sub_fabric`] in the same split, whatever its plan, and
 /// must make the same calls of `exchange` in the same order (they are collectives on the
 /// parent); a rank alone in its color takes part in them and returns `None`.
-pub(crate) trait Splitter<F>: Send + Sync {
+pub trait Splitter<F>: Send + Sync {
     /// This rank's fabric of the sub-group `plan`, every connection made within `timeout`.
     fn sub_fabric(
         &self,
@@ -401,7 +427,7 @@ mod tests {
                 let mut expected: Vec<usize> =
                     (0..choices.len()).filter(|&r| choices[r].0 == p.color).collect();
                 let key = |r: usize| if choices[r].1 == -1 { r as i64 } else { i64::from(choices[r].1) };
-                expected.sort_by(|&a, &b| (key(a), a).cmp(&(key(b), b)));
+                expected.sort_by_key(|&r| (key(r), r));
                 prop_assert_eq!(&p.members, &expected);
                 // Every member computes the same group.
                 for &m in &p.members {

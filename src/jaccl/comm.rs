@@ -126,8 +126,10 @@ impl<F: Fabric> JacclCommunicator<F> {
         self
     }
 
-    /// Makes `split` build sub-groups' fabrics with `splitter`.
-    pub(crate) fn with_splitter(mut self, splitter: Arc<dyn Splitter<F>>) -> Self {
+    /// Makes `split` build sub-groups' fabrics with `splitter` (how a fabric of another crate,
+    /// such as the simulator's, splits).
+    #[doc(hidden)]
+    pub fn with_splitter(mut self, splitter: Arc<dyn Splitter<F>>) -> Self {
         self.splitter = Some(splitter);
         self
     }
