@@ -197,13 +197,22 @@ pub fn connect_jaccl(
         #[cfg(feature = "jaccl")]
         JacclFabric::Rdma => {
             let rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
+            // A mesh splits over new queue pairs on the same devices; a ring does not yet.
+            let splitter: Option<Arc<dyn Splitter<jaccl::rdma::RdmaFabric>>> = match topology {
+                jaccl::Topology::Mesh => {
+                    let devices = config.mesh_devices()?;
+                    let devices = devices.iter().map(|d| d.map(str::to_owned)).collect();
+                    Some(Arc::new(jaccl::split_rdma::RdmaMesh::new(devices, log)))
+                }
+                jaccl::Topology::Ring { .. } => None,
+            };
             Ok(jaccl_group(
                 rdma,
                 topology,
                 rule,
                 options.timeout,
                 log,
-                None,
+                splitter,
             ))
         }
         #[cfg(not(feature = "jaccl"))]

@@ -1,9 +1,16 @@
 //! `Group::split` across processes: a 4-rank job split 2 × 2 by rows and by columns, with
 //! training-style all_sums on both kinds of group and on the parent in the same program order,
 //! over the ring on TCP (one and two connections per neighbour, with and without a key) and
-//! JACCL's mesh and ring over TCP, each rank initialised by `nuvec_distributed::init` from
+//! JACCL's mesh over TCP and, with the feature `jaccl`, over the RDMA fabric driving the
+//! software RDMA provider, each rank initialised by `nuvec_distributed::init` from
 //! the environment a launcher writes.
 
+#[cfg(feature = "jaccl")]
+#[path = "common/built.rs"]
+mod built;
+#[cfg(feature = "jaccl")]
+#[path = "common/emu.rs"]
+mod emu;
 #[path = "common/ports.rs"]
 mod ports;
 #[path = "common/procs.rs"]
@@ -75,8 +82,17 @@ fn a_split_rank_runs_its_scenario() {
     grid(&group);
 }
 
-/// Runs a 4-rank job of this test binary, rank r with `env(r)`, and checks every rank said OK.
+/// Runs a 4-rank job of this test binary, rank r with `env(r)` and `setup` applied to its
+/// command, and checks every rank said OK.
 fn job(name: &str, env: &dyn Fn(usize) -> Vec<(&'static str, String)>) {
+    job_with(name, env, &|_| {});
+}
+
+fn job_with(
+    name: &str,
+    env: &dyn Fn(usize) -> Vec<(&'static str, String)>,
+    setup: &dyn Fn(&mut std::process::Command),
+) {
     let _one_job_at_a_time = procs::exclusive();
     let dir = procs::scratch(name);
     let commands = (0..4)
@@ -89,6 +105,7 @@ fn job(name: &str, env: &dyn Fn(usize) -> Vec<(&'static str, String)>) {
             for (key, value) in env(rank) {
                 cmd.env(key, value);
             }
+            setup(&mut cmd);
             cmd
         })
         .collect();
@@ -132,22 +149,40 @@ fn devices() -> String {
 }
 
 fn jaccl_job(name: &str, ring: bool) {
+    jaccl_job_with(name, ring, &|_, _| {});
+}
+
+/// A JACCL job of 4 ranks over TCP (`setup` may switch a rank's command to another fabric,
+/// given the device file's text and the job's scratch directory).
+fn jaccl_job_with(
+    name: &str,
+    ring: bool,
+    setup: &dyn Fn(&mut std::process::Command, (&str, &std::path::Path)),
+) {
     let dir = procs::scratch(&format!("{name}-devices"));
     let path = dir.join("devices.json");
-    std::fs::write(&path, devices()).expect("write the device file");
+    let text = devices();
+    std::fs::write(&path, &text).expect("write the device file");
     let path = path.display().to_string();
     let coordinator = ports::free_nodes(1, 1)[0][0].clone();
-    job(name, &|_| {
-        let mut env = vec![
-            ("MLX_IBV_DEVICES", path.clone()),
-            ("MLX_JACCL_COORDINATOR", coordinator.clone()),
-            ("NUVEC_JACCL_FABRIC", "tcp".to_owned()),
-        ];
-        if ring {
-            env.push(("MLX_JACCL_RING", "1".to_owned()));
-        }
-        env
-    });
+    // The provider's ledger is written when a device closes; groups made by `init` stay
+    // open until the process exits, so it is not looked at here.
+    let ledger = dir.join("ledger");
+    job_with(
+        name,
+        &|_| {
+            let mut env = vec![
+                ("MLX_IBV_DEVICES", path.clone()),
+                ("MLX_JACCL_COORDINATOR", coordinator.clone()),
+                ("NUVEC_JACCL_FABRIC", "tcp".to_owned()),
+            ];
+            if ring {
+                env.push(("MLX_JACCL_RING", "1".to_owned()));
+            }
+            env
+        },
+        &|cmd| setup(cmd, (&text, &ledger)),
+    );
 }
 
 #[test]
@@ -164,4 +199,12 @@ fn rows_and_columns_of_an_authenticated_ring_sum_at_once() {
 #[test]
 fn rows_and_columns_of_a_jaccl_mesh_over_tcp_sum_at_once_in_one_program_order() {
     jaccl_job("split-jaccl-mesh", false);
+}
+
+#[cfg(feature = "jaccl")]
+#[test]
+fn rows_and_columns_of_a_jaccl_mesh_over_rdma_sum_at_once_in_one_program_order() {
+    jaccl_job_with("split-jaccl-rdma", false, &|cmd, (devices, ledger)| {
+        emu::configure(cmd, devices, ledger);
+    });
 }

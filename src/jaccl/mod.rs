@@ -91,6 +91,8 @@ pub mod rdma;
 pub mod ring;
 pub mod side_channel;
 pub(crate) mod split;
+#[cfg(feature = "jaccl")]
+pub(crate) mod split_rdma;
 pub mod tcp;
 mod wire;
 
