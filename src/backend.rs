@@ -197,15 +197,12 @@ pub fn connect_jaccl(
         #[cfg(feature = "jaccl")]
         JacclFabric::Rdma => {
             let rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
-            // A mesh splits over new queue pairs on the same devices; a ring does not yet.
-            let splitter: Option<Arc<dyn Splitter<jaccl::rdma::RdmaFabric>>> = match topology {
-                jaccl::Topology::Mesh => {
-                    let devices = config.mesh_devices()?;
-                    let devices = devices.iter().map(|d| d.map(str::to_owned)).collect();
-                    Some(Arc::new(jaccl::split_rdma::RdmaMesh::new(devices, log)))
-                }
-                jaccl::Topology::Ring { .. } => None,
-            };
+            // Sub-groups get new queue pairs on the same devices: this rank's devices toward
+            // every job rank (a ring's toward its neighbours only).
+            let devices: Vec<Vec<String>> = config.devices().get(rank).cloned().unwrap_or_default();
+            let splitter: Option<Arc<dyn Splitter<jaccl::rdma::RdmaFabric>>> = Some(Arc::new(
+                jaccl::split_rdma::RdmaCables::new(topology, devices, log),
+            ));
             Ok(jaccl_group(
                 rdma,
                 topology,

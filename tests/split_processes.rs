@@ -2,7 +2,8 @@
 //! training-style all_sums on both kinds of group and on the parent in the same program order,
 //! over the ring on TCP (one and two connections per neighbour, with and without a key) and
 //! JACCL's mesh over TCP and, with the feature `jaccl`, over the RDMA fabric driving the
-//! software RDMA provider, each rank initialised by `nuvec_distributed::init` from
+//! software RDMA provider; and JACCL's ring over both, split along its cables (pairs of
+//! neighbours, the ring reversed) and refusing a split across a missing cable; each rank initialised by `nuvec_distributed::init` from
 //! the environment a launcher writes.
 
 #[cfg(feature = "jaccl")]
@@ -22,6 +23,8 @@ use nuvec_core::Array;
 use nuvec_core::distributed::{self, Group};
 
 const CHILD_TEST: &str = "a_split_rank_runs_its_scenario";
+/// `pairs`: the ring scenario ([`pairs`]); otherwise the grid ([`grid`]).
+const SCENARIO: &str = "NUVEC_TEST_SPLIT";
 
 fn sum(group: &Group, values: &[f32]) -> Vec<f32> {
     let x = Array::from_slice(values, [values.len()]);
@@ -70,6 +73,54 @@ fn grid(parent: &Group) {
     println!("OK rank {r}");
 }
 
+/// A JACCL ring's program: pairs of neighbours sum interleaved with the parent; a split into
+/// non-neighbours fails naming the missing cable, and the parent goes on; the ring reversed
+/// by key sums.
+fn pairs(parent: &Group) {
+    let r = parent.rank();
+    let pair = parent.split((r / 2) as i32, -1).expect("pairs");
+    let members = [(r / 2) * 2, (r / 2) * 2 + 1];
+    for step in 0..10 {
+        let n = 1 + (step * 1231) % 7000;
+        let mine: Vec<f32> = (0..n).map(|i| value(r, step, i)).collect();
+        let expect = |members: &[usize]| -> Vec<f32> {
+            (0..n)
+                .map(|i| members.iter().map(|&q| value(q, step, i)).sum())
+                .collect()
+        };
+        assert_eq!(sum(&pair, &mine), expect(&members), "rank {r} step {step}");
+        assert_eq!(
+            sum(parent, &mine),
+            expect(&[0, 1, 2, 3]),
+            "rank {r} step {step}"
+        );
+    }
+    let err = parent
+        .split((r % 2) as i32, -1)
+        .expect_err("no cable between ranks two apart")
+        .to_string();
+    let cable = if r.is_multiple_of(2) {
+        "job ranks 0 and 2"
+    } else {
+        "job ranks 1 and 3"
+    };
+    assert!(err.contains(cable), "rank {r}: {err}");
+    assert_eq!(
+        sum(parent, &[1.0]),
+        vec![4.0],
+        "rank {r}: the parent goes on"
+    );
+    // The whole ring the other way round is a ring of cables too.
+    let reversed = parent.split(0, (3 - r) as i32).expect("reversed");
+    assert_eq!(reversed.rank(), 3 - r);
+    let many: Vec<f32> = (0..5000).map(|i| value(r, 99, i)).collect();
+    let all: Vec<f32> = (0..5000)
+        .map(|i| (0..4).map(|q| value(q, 99, i)).sum())
+        .collect();
+    assert_eq!(sum(&reversed, &many), all, "rank {r}: reversed");
+    println!("OK rank {r}");
+}
+
 #[test]
 fn a_split_rank_runs_its_scenario() {
     if !procs::is_child(CHILD_TEST) {
@@ -79,7 +130,10 @@ fn a_split_rank_runs_its_scenario() {
         println!("INIT FAILED {e}");
         std::process::exit(3)
     });
-    grid(&group);
+    match std::env::var(SCENARIO).as_deref() {
+        Ok("pairs") => pairs(&group),
+        _ => grid(&group),
+    }
 }
 
 /// Runs a 4-rank job of this test binary, rank r with `env(r)` and `setup` applied to its
@@ -178,6 +232,7 @@ fn jaccl_job_with(
             ];
             if ring {
                 env.push(("MLX_JACCL_RING", "1".to_owned()));
+                env.push((SCENARIO, "pairs".to_owned()));
             }
             env
         },
@@ -205,6 +260,19 @@ fn rows_and_columns_of_a_jaccl_mesh_over_tcp_sum_at_once_in_one_program_order() 
 #[test]
 fn rows_and_columns_of_a_jaccl_mesh_over_rdma_sum_at_once_in_one_program_order() {
     jaccl_job_with("split-jaccl-rdma", false, &|cmd, (devices, ledger)| {
+        emu::configure(cmd, devices, ledger);
+    });
+}
+
+#[test]
+fn a_jaccl_ring_over_tcp_splits_along_its_cables_and_names_a_missing_one() {
+    jaccl_job("split-jaccl-ring", true);
+}
+
+#[cfg(feature = "jaccl")]
+#[test]
+fn a_jaccl_ring_over_rdma_splits_along_its_cables_and_names_a_missing_one() {
+    jaccl_job_with("split-jaccl-ring-rdma", true, &|cmd, (devices, ledger)| {
         emu::configure(cmd, devices, ledger);
     });
 }

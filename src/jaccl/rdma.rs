@@ -94,14 +94,20 @@ pub fn unavailable() -> Option<Unavailable> {
 
 /// Which of MLX's ring queue pairs: `left_[w]` or `right_[w]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Side {
+pub(crate) enum Side {
     Left,
     Right,
 }
 
 /// The channel of ring queue pair `side`, wire `wire`, at `rank` of `size` with `wires`
 /// cables per direction (see the [module docs](self)).
-fn ring_channel(rank: usize, size: usize, wires: usize, side: Side, wire: usize) -> Channel {
+pub(crate) fn ring_channel(
+    rank: usize,
+    size: usize,
+    wires: usize,
+    side: Side,
+    wire: usize,
+) -> Channel {
     let left = (rank + size - 1) % size;
     let right = (rank + 1) % size;
     match side {

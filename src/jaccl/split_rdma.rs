@@ -1,42 +1,95 @@
-//! `split` for JACCL's mesh over the RDMA fabric: new queue pairs on the same devices.
+//! `split` for JACCL over the RDMA fabric: new queue pairs on the same devices.
 //!
 //! Every pair of a mesh is cabled, so a sub-group of a mesh is a mesh of the same cables: each
 //! member opens one new queue pair to each other member, on the device its device file names
-//! for that member, and the members exchange the queue pairs' details
-//! ([`Destination`]s, in MLX's side-channel encoding) through the parent group instead of the
-//! side channel, bring them up as a job's, and end with a barrier through the parent (MLX's
-//! rule: no RDMA traffic before every queue pair is ready). A JACCL ring over RDMA does not
-//! split yet (its members say so, after the exchange).
+//! for that member. A ring's sub-group must be a ring of the job's cables
+//! ([`missing_cable`]): each member opens C queue pairs to its sub-group's left neighbour and
+//! C to its right one (MLX's order and numbering), on the devices of the cable to that
+//! neighbour. The members exchange the queue pairs' details ([`Destination`]s, in MLX's
+//! side-channel encoding) through the parent group instead of the side channel, bring them up
+//! as a job's, and end with a barrier through the parent (MLX's rule: no RDMA traffic before
+//! every queue pair is ready).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::rdma::{RdmaFabric, destination, remote};
+use super::config::Topology;
+use super::rdma::{RdmaFabric, Side, destination, remote, ring_channel};
 use super::side_channel::Destination;
+use super::split::missing_cable;
 use crate::collective::split::{Exchange, Plan, Splitter, SubFabric};
 use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::Channel;
 use crate::transport::rdma::{self as transport, Qp};
 
-/// How JACCL's mesh over RDMA makes a sub-group's fabric.
+/// How JACCL over RDMA makes a sub-group's fabric.
 #[derive(Clone, Debug)]
-pub(crate) struct RdmaMesh {
-    /// This rank's device toward each job rank (`None` for itself).
-    devices: Vec<Option<String>>,
+pub(crate) struct RdmaCables {
+    /// The job's cabling.
+    topology: Topology,
+    /// This rank's devices toward each job rank (empty: no cable), cable c the c-th.
+    devices: Vec<Vec<String>>,
     /// The job rank of each rank of this group.
     job_ranks: Vec<usize>,
     log: Log,
 }
 
-impl RdmaMesh {
-    /// The splitter of a whole JACCL mesh job whose rank reaches job rank p on `devices[p]`.
-    pub(crate) fn new(devices: Vec<Option<String>>, log: Log) -> Self {
+impl RdmaCables {
+    /// The splitter of a whole JACCL job cabled as `topology` whose rank reaches job rank p
+    /// on `devices[p]`.
+    pub(crate) fn new(topology: Topology, devices: Vec<Vec<String>>, log: Log) -> Self {
         Self {
+            topology,
             job_ranks: (0..devices.len()).collect(),
             devices,
             log,
         }
+    }
+
+    /// Cable `c`'s device toward job rank `j`.
+    fn device(&self, j: usize, c: usize) -> Result<String, String> {
+        self.devices
+            .get(j)
+            .and_then(|d| d.get(c))
+            .cloned()
+            .ok_or_else(|| format!("the device file names no device {c} toward job rank {j}"))
+    }
+
+    /// As [`open`](Self::open) for a ring of `wires` cables: C queue pairs to the left
+    /// neighbour, then C to the right one; their details in that order.
+    fn open_ring(
+        &self,
+        plan: &Plan,
+        job: &[usize],
+        wires: usize,
+    ) -> Result<(RdmaFabric, Vec<u8>), String> {
+        let verbs = transport::verbs().map_err(|e| format!("no RDMA device is available: {e}"))?;
+        let (i, k) = (plan.rank(), plan.size());
+        let mut fabric = RdmaFabric::new(i, k);
+        let mut mine = Vec::with_capacity(2 * wires * Destination::BYTES);
+        for (side, j) in [
+            (Side::Left, job[(i + k - 1) % k]),
+            (Side::Right, job[(i + 1) % k]),
+        ] {
+            for w in 0..wires {
+                let name = self.device(j, w)?;
+                let channel = ring_channel(i, k, wires, side, w);
+                let what = format!(
+                    "device {name} (sub-group queue pair to job rank {j}, wire {w}, link {})",
+                    channel.link
+                );
+                let qp = Qp::open(verbs, &name, channel, what.clone())
+                    .map_err(|e| format!("{what}: {e}"))?;
+                mine.extend_from_slice(
+                    &destination(&qp.local)
+                        .map_err(|e| format!("{what}: {e}"))?
+                        .encode(),
+                );
+                fabric.add(qp);
+            }
+        }
+        Ok((fabric, mine))
     }
 
     /// This rank's queue pairs to every other member of `plan` (job ranks `job`), and their
@@ -54,10 +107,7 @@ impl RdmaMesh {
                 mine.extend_from_slice(&placeholder.encode());
                 continue;
             }
-            let name =
-                self.devices.get(j).cloned().flatten().ok_or_else(|| {
-                    format!("the device file names no device toward job rank {j}")
-                })?;
+            let name = self.device(j, 0)?;
             let what = format!("device {name} (sub-group queue pair to job rank {j})");
             let qp = Qp::open(verbs, &name, Channel::new(peer, 0), what.clone())
                 .map_err(|e| format!("{what}: {e}"))?;
@@ -72,7 +122,7 @@ impl RdmaMesh {
     }
 }
 
-impl Splitter<RdmaFabric> for RdmaMesh {
+impl Splitter<RdmaFabric> for RdmaCables {
     fn sub_fabric(
         &self,
         plan: &Plan,
@@ -95,23 +145,57 @@ impl Splitter<RdmaFabric> for RdmaMesh {
             .iter()
             .map(|&m| self.job_ranks.get(m).copied().unwrap_or(m))
             .collect();
-        let opened = self.open(plan, &job);
+        let wires = match self.topology {
+            Topology::Mesh => None,
+            Topology::Ring { wires } => Some(wires),
+        };
+        if wires.is_some()
+            && let Some((a, b)) = missing_cable(self.topology, self.devices.len(), &job)
+        {
+            exchange(&[])?;
+            exchange(&[])?;
+            return Err(Error::InvalidArgument {
+                rank: me,
+                op: "split",
+                what: format!(
+                    "the sub-group of color {} (job ranks {job:?}, in its ring order) needs \
+                     a cable between job ranks {a} and {b}, and JACCL's ring has cables between \
+                     ring neighbours only (a mesh splits any way)",
+                    plan.color()
+                ),
+            });
+        }
+        let opened = match wires {
+            None => self.open(plan, &job),
+            Some(wires) => self.open_ring(plan, &job, wires),
+        };
         let mine = opened.as_ref().map(|(_, d)| d.clone()).unwrap_or_default();
         let all = exchange(&mine)?;
+        let (i, k) = (plan.rank(), plan.size());
         let brought_up = opened.map_err(&fail).and_then(|(mut fabric, _)| {
-            for qp in fabric.queue_pairs_mut() {
+            let expected = match wires {
+                None => k * Destination::BYTES,
+                Some(wires) => 2 * wires * Destination::BYTES,
+            };
+            for (n, qp) in fabric.queue_pairs_mut().iter_mut().enumerate() {
                 let peer = qp.channel.peer;
                 let member = plan.members()[peer];
                 let bytes = all
                     .get(member)
-                    .filter(|b| b.len() == plan.size() * Destination::BYTES)
+                    .filter(|b| b.len() == expected)
                     .ok_or_else(|| {
                         fail(format!(
                             "rank {member} of the parent sent no queue pair details (it could \
-                             not open its queue pairs)"
+                         not open its queue pairs)"
                         ))
                     })?;
-                let at = plan.rank() * Destination::BYTES;
+                // The far end: in a mesh, the peer's queue pair to this rank; in a ring, my
+                // left queue pair w meets the left neighbour's right one w, and the other way.
+                let at = match wires {
+                    None => i,
+                    Some(wires) if n < wires => wires + n,
+                    Some(wires) => n - wires,
+                } * Destination::BYTES;
                 let theirs = Destination::decode(&bytes[at..at + Destination::BYTES])?;
                 let remote =
                     remote(peer, &theirs).map_err(|e| fail(format!("{}: {e}", qp.what)))?;
