@@ -1,6 +1,6 @@
 //! `Group::split` in the simulator: random colors and keys over 2–8 ranks, collectives on the
 //! sub-groups and the parent interleaved, each result checked against a model, over MLX's
-//! ring and JACCL's mesh; determinism; a crash inside one sub-group.
+//! ring and JACCL's mesh; determinism; a crash inside one sub-group; a JACCL ring's cables.
 
 use std::time::Duration;
 
@@ -236,4 +236,37 @@ fn a_crash_inside_one_sub_group_fails_its_ranks_by_the_deadline_and_the_parents_
         assert!(err.contains("rank"), "rank {r}: {err}");
     }
     assert!(end <= timeout * 3, "ended at {end:?}");
+}
+
+#[test]
+fn a_simulated_jaccl_ring_splits_along_its_cables_and_names_a_missing_one() {
+    let report = Sim::jaccl_ring(4, 2)
+        .seed(5)
+        .run_jaccl(TIMEOUT, FrameRule::Small, |group| {
+            let r = group.rank();
+            let pair = group.split((r / 2) as i32, -1).map_err(|e| e.to_string())?;
+            let x = Array::from_slice(&[r as f32], [1]);
+            let pair_sum = distributed::all_sum(&x, Some(&pair)).to_vec::<f32>();
+            let across = group.split((r % 2) as i32, -1).err().map(|e| e.to_string());
+            let parent = distributed::all_sum(&x, Some(&group)).to_vec::<f32>();
+            Ok::<_, String>((
+                pair_sum.map_err(|e| e.to_string())?,
+                across,
+                parent.map_err(|e| e.to_string())?,
+            ))
+        });
+    for (r, outcome) in report.outcomes.into_iter().enumerate() {
+        let Outcome::Returned(Ok((pair, across, parent))) = outcome else {
+            panic!("rank {r}: {outcome:?}");
+        };
+        assert_eq!(pair, vec![if r < 2 { 1.0 } else { 5.0 }], "rank {r}");
+        let across = across.expect("no cable between ranks two apart");
+        let cable = if r.is_multiple_of(2) {
+            "job ranks 0 and 2"
+        } else {
+            "job ranks 1 and 3"
+        };
+        assert!(across.contains(cable), "rank {r}: {across}");
+        assert_eq!(parent, vec![6.0], "rank {r}");
+    }
 }

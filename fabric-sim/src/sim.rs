@@ -213,7 +213,7 @@ impl Sim {
         let ring = self.ring_links;
         self.run(|fabric| {
             let shape = match ring {
-                Some(wires) => Shape::Ring { links: wires },
+                Some(wires) => Shape::JacclRing { wires },
                 None => Shape::Mesh { links: 1 },
             };
             let splitter = Arc::new(SimSplitter::new(&fabric, shape));

@@ -16,6 +16,7 @@ use std::time::Duration;
 use nuvec_distributed::Error;
 use nuvec_distributed::fabric::Wiring;
 use nuvec_distributed::internals::{Exchange, Plan, Splitter, SubFabric};
+use nuvec_distributed::jaccl::{Topology, check_cables};
 
 use crate::fabric::{Handles, SimFabric, View};
 use crate::world::World;
@@ -34,12 +35,18 @@ pub(crate) enum Shape {
         /// Connections per pair.
         links: usize,
     },
+    /// JACCL's ring: [`Wiring::ring`] with `wires` per neighbour, for sub-groups that are rings
+    /// of the job's cables only ([`check_cables`]).
+    JacclRing {
+        /// Cables per neighbour.
+        wires: usize,
+    },
 }
 
 impl Shape {
     fn wiring(self, size: usize) -> Wiring {
         match self {
-            Shape::Ring { links } => Wiring::ring(size, links),
+            Shape::Ring { links } | Shape::JacclRing { wires: links } => Wiring::ring(size, links),
             Shape::Mesh { links } => Wiring::mesh(size, links),
         }
     }
@@ -123,6 +130,16 @@ impl Splitter<SimFabric> for SimSplitter {
         }
         let members: Vec<usize> = plan.members().iter().map(|&m| self.members[m]).collect();
         let job_rank = members[plan.rank()];
+        if let Shape::JacclRing { wires } = self.shape {
+            let job_size = self.handles.shared.lock().size();
+            check_cables(
+                Topology::Ring { wires },
+                job_size,
+                job_rank,
+                plan.color(),
+                &members,
+            )?;
+        }
         let links = self
             .handles
             .shared

@@ -75,6 +75,33 @@ pub(crate) fn missing_cable(
         .find(|&(a, b)| !cabled(topology, job_size, a, b))
 }
 
+/// That the sub-group of color `color` whose members are job ranks `job` (in its order) can
+/// be cabled as a JACCL job cabled as `topology` over `job_size` ranks is: a mesh splits any
+/// way; a ring's sub-group must be a ring of the job's cables.
+///
+/// # Errors
+/// `InvalidArgument` of parent rank `rank`, naming the first missing cable.
+pub fn check_cables(
+    topology: Topology,
+    job_size: usize,
+    rank: usize,
+    color: i32,
+    job: &[usize],
+) -> Result<(), Error> {
+    match missing_cable(topology, job_size, job) {
+        None => Ok(()),
+        Some((a, b)) => Err(Error::InvalidArgument {
+            rank,
+            op: "split",
+            what: format!(
+                "the sub-group of color {color} (job ranks {job:?}, in its ring order) needs a \
+                 cable between job ranks {a} and {b}, and JACCL's ring has cables between ring \
+                 neighbours only (a mesh splits any way)"
+            ),
+        }),
+    }
+}
+
 /// How JACCL over TCP makes a sub-group's fabric: new connections between the members, one
 /// per cable of the sub-group's topology (every pair for a mesh, C per neighbour for a ring),
 /// rendezvousing through the parent instead of the side channel. A ring's sub-group must be
@@ -130,19 +157,10 @@ impl Splitter<TcpFabric> for TcpCables {
             exchange(&[])?;
             return Ok(None);
         }
-        if let Some((a, b)) = missing_cable(self.topology, self.job_size, &job_ranks) {
+        if let Err(e) = check_cables(self.topology, self.job_size, me, plan.color, &job_ranks) {
             // Take part in the exchange, so that the other sub-groups go on.
             exchange(&[])?;
-            return Err(Error::InvalidArgument {
-                rank: me,
-                op: "split",
-                what: format!(
-                    "the sub-group of color {} (job ranks {job_ranks:?}, in its ring order) needs \
-                     a cable between job ranks {a} and {b}, and JACCL's ring has cables between \
-                     ring neighbours only (a mesh splits any way)",
-                    plan.color
-                ),
-            });
+            return Err(e);
         }
         let size = plan.size();
         let fabric = tcp::connect_over(

@@ -3,7 +3,7 @@
 //! Every pair of a mesh is cabled, so a sub-group of a mesh is a mesh of the same cables: each
 //! member opens one new queue pair to each other member, on the device its device file names
 //! for that member. A ring's sub-group must be a ring of the job's cables
-//! ([`missing_cable`]): each member opens C queue pairs to its sub-group's left neighbour and
+//! ([`check_cables`]): each member opens C queue pairs to its sub-group's left neighbour and
 //! C to its right one (MLX's order and numbering), on the devices of the cable to that
 //! neighbour. The members exchange the queue pairs' details ([`Destination`]s, in MLX's
 //! side-channel encoding) through the parent group instead of the side channel, bring them up
@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::config::Topology;
 use super::rdma::{RdmaFabric, Side, destination, remote, ring_channel};
 use super::side_channel::Destination;
-use super::split::missing_cable;
+use super::split::check_cables;
 use crate::collective::split::{Exchange, Plan, Splitter, SubFabric};
 use crate::config::log::Log;
 use crate::error::Error;
@@ -149,21 +149,10 @@ impl Splitter<RdmaFabric> for RdmaCables {
             Topology::Mesh => None,
             Topology::Ring { wires } => Some(wires),
         };
-        if wires.is_some()
-            && let Some((a, b)) = missing_cable(self.topology, self.devices.len(), &job)
-        {
+        if let Err(e) = check_cables(self.topology, self.devices.len(), me, plan.color(), &job) {
             exchange(&[])?;
             exchange(&[])?;
-            return Err(Error::InvalidArgument {
-                rank: me,
-                op: "split",
-                what: format!(
-                    "the sub-group of color {} (job ranks {job:?}, in its ring order) needs \
-                     a cable between job ranks {a} and {b}, and JACCL's ring has cables between \
-                     ring neighbours only (a mesh splits any way)",
-                    plan.color()
-                ),
-            });
+            return Err(e);
         }
         let opened = match wires {
             None => self.open(plan, &job),
