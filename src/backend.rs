@@ -183,15 +183,14 @@ pub fn connect_jaccl(
             let ip = side
                 .local_ip()
                 .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-            let splitter = TcpCables::new(topology, size, ip, log, options.spin);
-            let splitter: Arc<dyn Splitter<TcpFabric>> = Arc::new(splitter);
+            let splitter = Arc::new(TcpCables::new(topology, size, ip, log, options.spin));
             Ok(jaccl_group(
                 tcp,
                 topology,
                 rule,
                 options.timeout,
                 log,
-                Some(splitter),
+                splitter,
             ))
         }
         #[cfg(feature = "jaccl")]
@@ -200,9 +199,7 @@ pub fn connect_jaccl(
             // Sub-groups get new queue pairs on the same devices: this rank's devices toward
             // every job rank (a ring's toward its neighbours only).
             let devices: Vec<Vec<String>> = config.devices().get(rank).cloned().unwrap_or_default();
-            let splitter: Option<Arc<dyn Splitter<jaccl::rdma::RdmaFabric>>> = Some(Arc::new(
-                jaccl::split_rdma::RdmaCables::new(topology, devices, log),
-            ));
+            let splitter = Arc::new(jaccl::split_rdma::RdmaCables::new(topology, devices, log));
             Ok(jaccl_group(
                 rdma,
                 topology,
@@ -228,18 +225,13 @@ fn jaccl_group<F: Fabric + Send + 'static>(
     rule: FrameRule,
     timeout: std::time::Duration,
     log: Log,
-    splitter: Option<Arc<dyn Splitter<F>>>,
+    splitter: Arc<dyn Splitter<F>>,
 ) -> Group {
     let comm = match topology {
         jaccl::Topology::Mesh => JacclCommunicator::mesh(fabric, rule, timeout),
         jaccl::Topology::Ring { wires } => JacclCommunicator::ring(fabric, wires, rule, timeout),
     };
-    let comm = comm.with_log(log);
-    let comm = match splitter {
-        Some(splitter) => comm.with_splitter(splitter),
-        None => comm,
-    };
-    Group::new(Arc::new(comm))
+    Group::new(Arc::new(comm.with_log(log).with_splitter(splitter)))
 }
 
 /// Connects rank `rank` of MLX's ring over `nodes` (per rank its `host:port` addresses, all
