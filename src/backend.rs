@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use nuvec_core::distributed::{self, Group};
 
+use crate::collective::split::Splitter;
 use crate::config::ConfigError;
 use crate::config::env::Env;
 use crate::config::hostfile;
@@ -18,8 +19,10 @@ use crate::config::log::Log;
 use crate::config::options::Options;
 use crate::error::Error;
 use crate::fabric::{Fabric, Liveness, Watch};
+use crate::jaccl::split::TcpCables;
 use crate::jaccl::{self, FrameRule, JacclCommunicator, JacclFabric, SideChannel};
 use crate::ring::communicator::RingCommunicator;
+use crate::ring::split::TcpRing;
 use crate::transport::tcp::TcpFabric;
 
 /// A distributed backend, by MLX's names.
@@ -186,14 +189,36 @@ pub fn connect_jaccl(
     match fabric {
         JacclFabric::Tcp => {
             let (tcp, topology) = jaccl::tcp::connect(config, &mut side, options.timeout)?;
+            let ip = side
+                .local_ip()
+                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
             let tcp = tcp.with_spin(options.spin).with_watch(watch(side)?);
-            Ok(jaccl_group(tcp, topology, rule, options.timeout, log))
+            let splitter = Arc::new(TcpCables::new(topology, size, ip, log, options.spin));
+            Ok(jaccl_group(
+                tcp,
+                topology,
+                rule,
+                options.timeout,
+                log,
+                splitter,
+            ))
         }
         #[cfg(feature = "jaccl")]
         JacclFabric::Rdma => {
             let mut rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
             rdma.set_watch(watch(side)?);
-            Ok(jaccl_group(rdma, topology, rule, options.timeout, log))
+            // Sub-groups get new queue pairs on the same devices: this rank's devices toward
+            // every job rank (a ring's toward its neighbours only).
+            let devices: Vec<Vec<String>> = config.devices().get(rank).cloned().unwrap_or_default();
+            let splitter = Arc::new(jaccl::split_rdma::RdmaCables::new(topology, devices, log));
+            Ok(jaccl_group(
+                rdma,
+                topology,
+                rule,
+                options.timeout,
+                log,
+                splitter,
+            ))
         }
         #[cfg(not(feature = "jaccl"))]
         JacclFabric::Rdma => {
@@ -215,12 +240,13 @@ fn jaccl_group<F: Fabric + Send + 'static>(
     rule: FrameRule,
     timeout: std::time::Duration,
     log: Log,
+    splitter: Arc<dyn Splitter<F>>,
 ) -> Group {
     let comm = match topology {
         jaccl::Topology::Mesh { .. } => JacclCommunicator::mesh(fabric, rule, timeout),
         jaccl::Topology::Ring { wires } => JacclCommunicator::ring(fabric, wires, rule, timeout),
     };
-    Group::new(Arc::new(comm.with_log(log)))
+    Group::new(Arc::new(comm.with_log(log).with_splitter(splitter)))
 }
 
 /// Connects rank `rank` of MLX's ring over `nodes` (per rank its `host:port` addresses, all
@@ -253,7 +279,18 @@ pub fn connect_ring(
     let log = Log::new(options.log, rank);
     let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, options.key.as_ref(), &log)?
         .with_spin(options.spin);
-    let comm = Arc::new(RingCommunicator::new(fabric, conns, options.timeout).with_log(log));
+    let splitter = TcpRing::new(
+        nodes[rank][0].clone(),
+        conns,
+        options.key.clone(),
+        log,
+        options.spin,
+    );
+    let comm = Arc::new(
+        RingCommunicator::new(fabric, conns, options.timeout)
+            .with_log(log)
+            .with_splitter(Arc::new(splitter)),
+    );
     Ok(RingGroup {
         group: Group::new(comm.clone()),
         comm: Some(comm),

@@ -79,6 +79,7 @@ pub use transport::tcp::TcpFabric;
 /// not part of the API, no stability of any kind.
 #[doc(hidden)]
 pub mod internals {
+    pub use crate::collective::split::{Exchange, Plan, Splitter, SubFabric};
     pub use crate::transport::tcp;
     pub use crate::transport::tcp::{auth, stream};
 }

@@ -21,14 +21,33 @@ use crate::turn::Shared;
 /// One rank's fabric in a simulated job.
 pub struct SimFabric {
     shared: Arc<Shared>,
-    /// The rank's parker for the turn hand-off. In a `Mutex` only so that the fabric stays
-    /// `Sync` (a `Parker` is not): it is reached through `get_mut` from `run(&mut self)`,
-    /// never locked.
-    parker: Mutex<Parker>,
+    /// The rank's parker for the turn hand-off, shared with the fabrics of its sub-groups (the
+    /// rank's one thread drives them all, one call at a time). In a `Mutex` only so that the
+    /// fabric stays `Sync` (a `Parker` is not): it is never contended.
+    parker: Arc<Mutex<Parker>>,
     kind: ChannelKind,
+    /// This rank in the fabric's group (its job rank for the job's own fabric).
     rank: usize,
     size: usize,
     links: Vec<usize>,
+    /// A sub-group's fabric: its members' job ranks and its channels' job links.
+    view: Option<View>,
+}
+
+/// A rank's world, parker and channel kind: what the fabrics of its sub-groups share.
+pub(crate) struct Handles {
+    pub(crate) shared: Arc<Shared>,
+    parker: Arc<Mutex<Parker>>,
+    kind: ChannelKind,
+}
+
+/// How a sub-group's fabric names the job's ranks and channels.
+#[derive(Clone, Debug)]
+pub(crate) struct View {
+    /// The job rank of each rank of the group.
+    pub(crate) members: Vec<usize>,
+    /// `links[peer][link]`: the job link of this rank's link `link` to group rank `peer`.
+    pub(crate) links: Vec<Vec<usize>>,
 }
 
 impl SimFabric {
@@ -40,12 +59,50 @@ impl SimFabric {
         drop(world);
         Self {
             shared,
-            parker: Mutex::new(parker),
+            parker: Arc::new(Mutex::new(parker)),
             kind,
             rank,
             size,
             links,
+            view: None,
         }
+    }
+
+    /// What a fabric of this rank's sub-groups shares with this one.
+    pub(crate) fn handles(&self) -> Handles {
+        Handles {
+            shared: Arc::clone(&self.shared),
+            parker: Arc::clone(&self.parker),
+            kind: self.kind,
+        }
+    }
+
+    /// The fabric of group rank `rank` of a sub-group seen through `view`, on the thread and
+    /// parker of `handles`' rank.
+    pub(crate) fn sub(handles: &Handles, rank: usize, view: View) -> Self {
+        Self {
+            shared: Arc::clone(&handles.shared),
+            parker: Arc::clone(&handles.parker),
+            kind: handles.kind,
+            rank,
+            size: view.members.len(),
+            links: view.links.iter().map(Vec::len).collect(),
+            view: Some(view),
+        }
+    }
+
+    /// This rank's job rank.
+    pub(crate) fn job_rank(&self) -> usize {
+        self.view
+            .as_ref()
+            .map_or(self.rank, |v| v.members[self.rank])
+    }
+
+    /// The job rank of each rank of this fabric's group.
+    pub(crate) fn job_members(&self) -> Vec<usize> {
+        self.view
+            .as_ref()
+            .map_or_else(|| (0..self.size).collect(), |v| v.members.clone())
     }
 
     /// A handle on the job's virtual clock, usable while the fabric itself is lent out (to a
@@ -104,18 +161,69 @@ impl Fabric for SimFabric {
     }
 
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
-        let parker = self
-            .parker
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.shared.step(self.rank, parker, step, deadline)
+        let job_rank = self.job_rank();
+        let parker = self.parker.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(view) = &self.view else {
+            return self.shared.step(job_rank, &parker, step, deadline);
+        };
+        // A sub-group's step runs on the job's channels, and its error names the group's.
+        for t in step.iter() {
+            let channel = t.channel();
+            if view.job_link(channel).is_none() {
+                return Err(t.invalid(format!(
+                    "rank {} of the sub-group has no channel {channel}",
+                    self.rank
+                )));
+            }
+        }
+        for t in step.iter_mut() {
+            let channel = t.channel();
+            let link = view.job_link(channel).unwrap_or(channel.link);
+            let job = Channel::new(view.members[channel.peer], link);
+            match t {
+                Transfer::Send { channel, .. } | Transfer::Recv { channel, .. } => *channel = job,
+            }
+        }
+        let result = self.shared.step(job_rank, &parker, step, deadline);
+        for t in step.iter_mut() {
+            let back = view.group_channel(t.channel());
+            match t {
+                Transfer::Send { channel, .. } | Transfer::Recv { channel, .. } => *channel = back,
+            }
+        }
+        result.map_err(|mut e| {
+            e.channel = view.group_channel(e.channel);
+            e
+        })
     }
 
     fn last_heard(&self, peer: usize) -> Option<Duration> {
-        self.shared.lock().heard[self.rank]
+        let peer = match &self.view {
+            Some(view) => *view.members.get(peer)?,
+            None => peer,
+        };
+        self.shared.lock().heard[self.job_rank()]
             .get(peer)
             .copied()
             .flatten()
+    }
+}
+
+impl View {
+    /// The job link of the group's `channel`, if the group has that channel.
+    fn job_link(&self, channel: Channel) -> Option<usize> {
+        self.links.get(channel.peer)?.get(channel.link).copied()
+    }
+
+    /// The group's name of job channel `job` (unchanged if it is none of the group's).
+    fn group_channel(&self, job: Channel) -> Channel {
+        let Some(peer) = self.members.iter().position(|&m| m == job.peer) else {
+            return job;
+        };
+        match self.links[peer].iter().position(|&l| l == job.link) {
+            Some(link) => Channel::new(peer, link),
+            None => job,
+        }
     }
 }
 

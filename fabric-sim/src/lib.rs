@@ -31,6 +31,8 @@
 //!
 //! - `sim`: the builder ([`Sim`]) and the runners (`run`, `run_ring`, `run_jaccl`);
 //! - `fault`: [`Fault`] and how each enters the world;
+//! - `split`: `Group::split` in a simulated job: new channels between the members, joined to
+//!   the world deterministically;
 //! - `report`: [`Outcome`] and [`Report`];
 //! - `fabric`: [`SimFabric`] (the [`Fabric`] the communicators drive: counts, validates and
 //!   dispatches each step) and [`SimClock`];
@@ -51,6 +53,7 @@ mod fabric;
 mod fault;
 mod report;
 mod sim;
+mod split;
 mod stream;
 mod turn;
 mod uc;

@@ -21,6 +21,7 @@ use nuvec_distributed::jaccl::{FrameRule, JacclCommunicator};
 use crate::fabric::SimFabric;
 use crate::fault::Fault;
 use crate::report::{Outcome, Report, panic_text};
+use crate::split::{Shape, SimSplitter};
 use crate::turn::Shared;
 use crate::uc::Uc;
 use crate::world::World;
@@ -186,7 +187,9 @@ impl Sim {
             .ring_links
             .expect("run_ring needs a simulation made by Sim::ring");
         self.run(|fabric| {
-            let comm = RingCommunicator::new(fabric, links, timeout);
+            let splitter = SimSplitter::new(&fabric, Shape::Ring { links });
+            let comm =
+                RingCommunicator::new(fabric, links, timeout).with_splitter(Arc::new(splitter));
             body(Group::new(Arc::new(comm)))
         })
     }
@@ -217,11 +220,16 @@ impl Sim {
     {
         let ring = self.ring_links;
         self.run(|fabric| {
+            let shape = match ring {
+                Some(wires) => Shape::JacclRing { wires },
+                None => Shape::Mesh { links: 1 },
+            };
+            let splitter = Arc::new(SimSplitter::new(&fabric, shape));
             let comm = match ring {
                 Some(wires) => JacclCommunicator::ring(fabric, wires, rule, timeout),
                 None => JacclCommunicator::mesh(fabric, rule, timeout),
             };
-            body(Group::new(Arc::new(comm)))
+            body(Group::new(Arc::new(comm.with_splitter(splitter))))
         })
     }
 

@@ -18,7 +18,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Duration;
 
-use nuvec_distributed::fabric::{Channel, Wiring};
+use nuvec_distributed::fabric::{Channel, Connection, Wiring};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -135,6 +135,11 @@ pub(crate) struct World {
     pub(crate) heard: Vec<Vec<Option<Duration>>>,
     /// Bytes put on the wire so far ([`crate::Report::payload`]).
     pub(crate) payload: u64,
+    /// How many times each job rank asked for a sub-group of exactly these members
+    /// ([`crate::split`]).
+    pub(crate) split_seen: BTreeMap<(usize, Vec<usize>), u64>,
+    /// The channels of every sub-group made so far, by members and occurrence.
+    pub(crate) splits: BTreeMap<(Vec<usize>, u64), crate::split::GroupLinks>,
 }
 
 pub(crate) fn fnv(bytes: &[u8]) -> u64 {
@@ -156,37 +161,6 @@ pub(crate) fn fnv(bytes: &[u8]) -> u64 {
 impl World {
     pub(crate) fn new(sim: &Sim, seed: u64) -> Self {
         let size = sim.wiring.size();
-        let mut channels = BTreeMap::new();
-        // Every connection gives two wires, one per direction.
-        for c in sim.wiring.connections() {
-            for (from, from_link, to, to_link) in [
-                (c.opener, c.opener_link, c.acceptor, c.acceptor_link),
-                (c.acceptor, c.acceptor_link, c.opener, c.opener_link),
-            ] {
-                channels.insert(
-                    (from, Channel::new(to, from_link)),
-                    Wire {
-                        to: (to, to_link),
-                        outbox: VecDeque::new(),
-                        queued: 0,
-                        sent: 0,
-                        in_flight: VecDeque::new(),
-                        in_flight_bytes: 0,
-                        arrived: VecDeque::new(),
-                        busy_until: Duration::ZERO,
-                        last_arrival: Duration::ZERO,
-                        closed: false,
-                        record: Vec::new(),
-                        messages: VecDeque::new(),
-                        inbox: VecDeque::new(),
-                        next_seq: 0,
-                        expect: 0,
-                        cut: false,
-                        sizes: Vec::new(),
-                    },
-                );
-            }
-        }
         let mut world = Self {
             wiring: sim.wiring.clone(),
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -200,7 +174,7 @@ impl World {
                     finished: false,
                 })
                 .collect(),
-            channels,
+            channels: BTreeMap::new(),
             events: BinaryHeap::new(),
             event_seq: 0,
             crash_calls: Vec::new(),
@@ -217,9 +191,65 @@ impl World {
             error_status: Vec::new(),
             heard: vec![vec![None; size]; size],
             payload: 0,
+            split_seen: BTreeMap::new(),
+            splits: BTreeMap::new(),
         };
+        for c in sim.wiring.connections() {
+            world.add_wires(*c);
+        }
         world.inject(&sim.faults);
         world
+    }
+
+    /// The two wires of connection `c`, one per direction.
+    fn add_wires(&mut self, c: Connection) {
+        for (from, from_link, to, to_link) in [
+            (c.opener, c.opener_link, c.acceptor, c.acceptor_link),
+            (c.acceptor, c.acceptor_link, c.opener, c.opener_link),
+        ] {
+            self.channels.insert(
+                (from, Channel::new(to, from_link)),
+                Wire {
+                    to: (to, to_link),
+                    outbox: VecDeque::new(),
+                    queued: 0,
+                    sent: 0,
+                    in_flight: VecDeque::new(),
+                    in_flight_bytes: 0,
+                    arrived: VecDeque::new(),
+                    busy_until: Duration::ZERO,
+                    last_arrival: Duration::ZERO,
+                    closed: false,
+                    record: Vec::new(),
+                    messages: VecDeque::new(),
+                    inbox: VecDeque::new(),
+                    next_seq: 0,
+                    expect: 0,
+                    cut: false,
+                    sizes: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// Joins `opener` to `acceptor` with a new connection after all the others (a
+    /// sub-group's), with its two wires, and returns it. A wire to or from a crashed rank is
+    /// closed from the start.
+    pub(crate) fn join(&mut self, opener: usize, acceptor: usize) -> Connection {
+        let c = self.wiring.join(opener, acceptor);
+        self.add_wires(c);
+        self.hash(&[11, opener as u64, acceptor as u64, c.opener_link as u64]);
+        for rank in [opener, acceptor] {
+            if self.uc.is_none() && self.ranks[rank].state == RankState::Crashed {
+                for (from, channel) in [
+                    (c.opener, Channel::new(c.acceptor, c.opener_link)),
+                    (c.acceptor, Channel::new(c.opener, c.acceptor_link)),
+                ] {
+                    self.channel_mut(from, channel).closed = true;
+                }
+            }
+        }
+        c
     }
 
     pub(crate) fn size(&self) -> usize {

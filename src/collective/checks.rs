@@ -48,12 +48,14 @@ pub(crate) fn one_part_per_rank(
 }
 
 /// The `nuvec_core` [`Communicator`](nuvec_core::distributed::Communicator) of a
-/// communicator type whose `try_*` methods do the work: the same six forwarders for both
+/// communicator type whose `try_*` methods do the work: the same seven forwarders for both
 /// backends, turning a `nuvec_core` reduction into this crate's and this crate's error into
 /// `nuvec_core`'s.
 macro_rules! communicator_over_try {
     ($ty:ident) => {
-        impl<F: $crate::fabric::Fabric + Send> nuvec_core::distributed::Communicator for $ty<F> {
+        impl<F: $crate::fabric::Fabric + Send + 'static> nuvec_core::distributed::Communicator
+            for $ty<F>
+        {
             fn rank(&self) -> usize {
                 self.core.rank()
             }
@@ -84,14 +86,23 @@ macro_rules! communicator_over_try {
             fn recv(&self, src: usize, data: &mut [u8]) -> nuvec_core::Result<()> {
                 Ok(self.try_recv(src, data)?)
             }
+
+            fn split(
+                &self,
+                color: i32,
+                key: i32,
+            ) -> nuvec_core::Result<std::sync::Arc<dyn nuvec_core::distributed::Communicator>> {
+                Ok(self.try_split(color, key)?)
+            }
         }
     };
 }
 pub(crate) use communicator_over_try;
 
 /// The lifecycle methods both communicators offer, forwarded to their [`Core`] field `core`:
-/// `timeout`, `set_timeout`, `failure`, `diagnosis`, `health`, `close`; and the two private
-/// ones their operations use, `invalid` and `operate` (whose scratch is `$scratch`).
+/// `timeout`, `set_timeout`, `failure`, `diagnosis`, `health`, `close`; the two private
+/// ones their operations use, `invalid` and `operate` (whose scratch is `$scratch`); and the
+/// splitter of their field `splitter` (`with_splitter`, `splitter`).
 ///
 /// [`Core`]: super::core::Core
 macro_rules! lifecycle_of_core {
@@ -100,6 +111,24 @@ macro_rules! lifecycle_of_core {
         pub(crate) fn with_log(mut self, log: $crate::config::log::Log) -> Self {
             self.core.set_log(log);
             self
+        }
+
+        /// Makes `split` build sub-groups' fabrics with `splitter` (how a fabric of another
+        /// crate, such as the simulator's, splits).
+        #[doc(hidden)]
+        pub fn with_splitter(
+            mut self,
+            splitter: std::sync::Arc<dyn $crate::collective::split::Splitter<F>>,
+        ) -> Self {
+            self.splitter = Some(splitter);
+            self
+        }
+
+        /// How its fabric makes a sub-group's, if it can.
+        pub(crate) fn splitter(
+            &self,
+        ) -> Option<&std::sync::Arc<dyn $crate::collective::split::Splitter<F>>> {
+            self.splitter.as_ref()
         }
 
         fn invalid(&self, op: &'static str, what: String) -> $crate::error::Error {

@@ -6,3 +6,4 @@
 pub(crate) mod checks;
 pub(crate) mod core;
 pub mod reduce;
+pub(crate) mod split;

@@ -541,6 +541,29 @@ impl Wiring {
         self.size
     }
 
+    /// Adds a connection that `opener` makes to `acceptor` after all the others, numbered at
+    /// each end past the links the pair had (so existing channels keep their numbers: how a
+    /// sub-group's new connections join a simulated job), and returns it.
+    ///
+    /// # Panics
+    /// If a rank is out of range or connects to itself.
+    pub fn join(&mut self, opener: usize, acceptor: usize) -> Connection {
+        assert!(
+            opener < self.size && acceptor < self.size && opener != acceptor,
+            "wiring: bad pair ({opener}, {acceptor}) of {}",
+            self.size
+        );
+        let link = self.links(opener, acceptor);
+        let connection = Connection {
+            opener,
+            acceptor,
+            opener_link: link,
+            acceptor_link: link,
+        };
+        self.connections.push(connection);
+        connection
+    }
+
     /// Every connection, in the order they were made.
     pub fn connections(&self) -> &[Connection] {
         &self.connections

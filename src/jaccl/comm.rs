@@ -10,6 +10,7 @@
 //! operation breaks off in the middle nothing could say which message belongs to which
 //! operation.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use nuvec_core::DType;
@@ -21,6 +22,7 @@ use super::wire::Scratch;
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
+use crate::collective::split::Splitter;
 use crate::error::Error;
 use crate::fabric::Fabric;
 use crate::ring::RingTopology;
@@ -58,6 +60,8 @@ pub struct JacclCommunicator<F: Fabric> {
     layout: Layout,
     rule: FrameRule,
     core: Core<F, Scratch>,
+    /// How its fabric makes a sub-group's (`split`); `None`: it cannot.
+    splitter: Option<Arc<dyn Splitter<F>>>,
 }
 
 impl<F: Fabric> std::fmt::Debug for JacclCommunicator<F> {
@@ -109,6 +113,7 @@ impl<F: Fabric> JacclCommunicator<F> {
             layout,
             rule,
             core: Core::new(layout.rank(), fabric, Scratch::default(), timeout),
+            splitter: None,
         }
     }
 

@@ -139,6 +139,10 @@ pub mod mesh;
 pub mod rdma;
 pub mod ring;
 pub mod side_channel;
+pub(crate) mod split;
+pub use split::check_cables;
+#[cfg(feature = "jaccl")]
+pub(crate) mod split_rdma;
 pub mod tcp;
 mod wire;
 

@@ -98,14 +98,20 @@ pub fn unavailable() -> Option<Unavailable> {
 
 /// Which of MLX's ring queue pairs: `left_[w]` or `right_[w]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Side {
+pub(crate) enum Side {
     Left,
     Right,
 }
 
 /// The channel of ring queue pair `side`, wire `wire`, at `rank` of `size` with `wires`
 /// cables per direction (see the [module docs](self)).
-fn ring_channel(rank: usize, size: usize, wires: usize, side: Side, wire: usize) -> Channel {
+pub(crate) fn ring_channel(
+    rank: usize,
+    size: usize,
+    wires: usize,
+    side: Side,
+    wire: usize,
+) -> Channel {
     let left = (rank + size - 1) % size;
     let right = (rank + 1) % size;
     match side {
@@ -116,7 +122,7 @@ fn ring_channel(rank: usize, size: usize, wires: usize, side: Side, wire: usize)
 }
 
 /// A queue pair's details as JACCL's side channel carries them.
-fn destination(local: &Local) -> Result<Destination, String> {
+pub(crate) fn destination(local: &Local) -> Result<Destination, String> {
     Ok(Destination {
         local_id: i32::from(local.lid),
         queue_pair_number: i32::try_from(local.qpn).map_err(|_| {
@@ -131,7 +137,7 @@ fn destination(local: &Local) -> Result<Destination, String> {
 }
 
 /// Checks the details `peer` advertised: a 16-bit LID, a 24-bit QP number and PSN.
-fn remote(peer: usize, d: &Destination) -> Result<Remote, String> {
+pub(crate) fn remote(peer: usize, d: &Destination) -> Result<Remote, String> {
     let lid = u16::try_from(d.local_id).map_err(|_| {
         format!(
             "rank {peer} advertised LID {}, which is not a 16-bit LID (a placeholder entry, or \

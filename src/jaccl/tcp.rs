@@ -49,22 +49,49 @@ pub fn connect(
     side: &mut SideChannel,
     timeout: Duration,
 ) -> Result<(TcpFabric, Topology), Error> {
-    let (rank, size) = (config.rank(), config.size());
     let topology = config.topology()?;
+    let ip = side
+        .local_ip()
+        .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let fabric = connect_over(
+        config.rank(),
+        config.size(),
+        topology,
+        ip,
+        |mine| side.all_gather(mine),
+        timeout,
+    )?;
+    Ok((fabric, topology))
+}
+
+/// [`connect`] for rank `rank` of `size` cabled as `topology`, listening on `ip`, with
+/// `all_gather` (this rank's [`ADDRESS`] bytes in, every rank's concatenated in rank order out)
+/// as the rendezvous: JACCL's side channel for a job, the parent group for a sub-group.
+pub(crate) fn connect_over(
+    rank: usize,
+    size: usize,
+    topology: Topology,
+    ip: IpAddr,
+    all_gather: impl FnOnce(&[u8]) -> Result<Vec<u8>, Error>,
+    timeout: Duration,
+) -> Result<TcpFabric, Error> {
     let deadline = limits::deadline_in(timeout);
     let fail = |what: String| Error::Connect {
         rank,
         what: format!("jaccl over tcp: {what}"),
     };
-    let ip = side
-        .local_ip()
-        .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
     let mut listener = TcpListener::bind(SocketAddr::new(ip, 0))
         .map_err(|e| fail(format!("cannot listen on {ip}: {e}")))?;
     let local = listener
         .local_addr()
         .map_err(|e| fail(format!("no listening address: {e}")))?;
-    let gathered = side.all_gather(&encode_address(local))?;
+    let gathered = all_gather(&encode_address(local))?;
+    if gathered.len() != size * ADDRESS {
+        return Err(fail(format!(
+            "the address exchange returned {} bytes, not {ADDRESS} × {size} ranks",
+            gathered.len()
+        )));
+    }
     let address = |r: usize| decode_address(&gathered[r * ADDRESS..(r + 1) * ADDRESS]);
 
     // Which cables this rank opens (peer, cable) and how many it accepts per peer.
@@ -121,9 +148,8 @@ pub fn connect(
     for (peer, _, stream) in accepted {
         by_peer[peer].push(stream);
     }
-    let fabric = TcpFabric::from_streams(rank, by_peer)
-        .map_err(|e| fail(format!("cannot set up the connections: {e}")))?;
-    Ok((fabric, topology))
+    TcpFabric::from_streams(rank, by_peer)
+        .map_err(|e| fail(format!("cannot set up the connections: {e}")))
 }
 
 /// `addr` as [`ADDRESS`] bytes: its IPv6 (or IPv4-mapped) address, then its port

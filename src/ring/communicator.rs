@@ -2,6 +2,7 @@
 //! core ([`Core`]): argument checks before any byte moves, one deadline per operation,
 //! sequence numbers, and a sticky failure.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use nuvec_core::DType;
@@ -10,6 +11,7 @@ use super::{RingTopology, algorithm, schedule};
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
+use crate::collective::split::Splitter;
 use crate::error::Error;
 use crate::fabric::Fabric;
 
@@ -20,6 +22,8 @@ use crate::fabric::Fabric;
 pub struct RingCommunicator<F: Fabric> {
     ring: RingTopology,
     core: Core<F, Vec<u8>>,
+    /// How its fabric makes a sub-group's (`split`); `None`: it cannot.
+    splitter: Option<Arc<dyn Splitter<F>>>,
 }
 
 impl<F: Fabric> std::fmt::Debug for RingCommunicator<F> {
@@ -46,6 +50,7 @@ impl<F: Fabric> RingCommunicator<F> {
         Self {
             ring,
             core: Core::new(ring.rank(), fabric, Vec::new(), timeout),
+            splitter: None,
         }
     }
 

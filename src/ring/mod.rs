@@ -10,6 +10,7 @@
 pub mod algorithm;
 pub(crate) mod communicator;
 pub mod schedule;
+pub(crate) mod split;
 
 use crate::fabric::Channel;
 use schedule::Side;

@@ -1,11 +1,13 @@
 //! Interop with real MLX: mixed rings of Python MLX ranks and Rust ranks give, on every rank,
-//! bitwise the results of an MLX-only ring, for every collective, dtype and size branch.
+//! bitwise the results of an MLX-only ring, for every collective, dtype and size branch; and
+//! `Group::split` in a ring with a Python MLX rank ([`split_mixed`]).
 //!
 //! Needs the venv made by `.ci/setup-venv` (`mlx[cpu]==0.32.4`); without it the tests print
 //! why and pass, except under CI (`CI=true`), where a missing venv fails them.
 
 #[path = "../common/mod.rs"]
 mod common;
+mod split_mixed;
 
 use common::{pattern, ports, procs};
 

@@ -41,6 +41,26 @@ fn data_parallel_training_converges_with_identical_parameters() {
 }
 
 #[test]
+fn tensor_parallel_training_over_split_groups_converges_with_identical_parameters() {
+    let out = run("data_parallel", &["-n", "4", "--tensor-parallel", "2"]);
+    assert!(
+        out.contains(
+            "parameters identical on all 4 ranks (2-way tensor parallel × 2-way data parallel)"
+        ),
+        "{out}"
+    );
+    let last_loss: f32 = out
+        .lines()
+        .rev()
+        .find_map(|l| l.split("loss ").nth(1))
+        .expect("a loss line")
+        .trim()
+        .parse()
+        .expect("a number");
+    assert!(last_loss < 0.05, "{out}");
+}
+
+#[test]
 fn simulate_shows_the_error_of_a_crashed_rank() {
     let out = run("simulate", &["--ranks", "4", "--crash", "2"]);
     assert!(out.contains("rank 2: crashed"), "{out}");

@@ -9,7 +9,9 @@
 //!   `jaccl`, over the software RDMA provider);
 //! - [`launch`]: `nuvec-launch`, and its environment against `mlx.launch`'s;
 //! - [`examples`]: the examples as the README runs them;
-//! - [`threads`]: the ring with its ranks as threads.
+//! - [`threads`]: the ring with its ranks as threads;
+//! - [`split`], [`split_ring`], [`split_jaccl`]: `Group::split` across processes, and over
+//!   loopback with the ranks as threads.
 //!
 //! The machines have two cores: every job of several processes holds
 //! [`common::procs::exclusive`], so that no two of them share the cores.
@@ -24,4 +26,7 @@ mod jaccl_rdma;
 mod jaccl_wires;
 mod launch;
 mod ring;
+mod split;
+mod split_jaccl;
+mod split_ring;
 mod threads;

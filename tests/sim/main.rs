@@ -7,6 +7,7 @@
 //! - [`jaccl`]: JACCL's mesh and ring over UC message channels; [`jaccl_wires`]: the
 //!   multi-wire mesh of MLX 0.32.4;
 //! - [`campaign`]: a bounded fault campaign; [`failure_semantics`]: one failure model;
+//! - [`split`]: `Group::split` over the ring and JACCL in the simulator;
 //! - [`smoke`]: a first run; [`pattern_golden`]: the interop pattern against its golden file.
 
 #[path = "../common/mod.rs"]
@@ -19,3 +20,4 @@ mod jaccl_wires;
 mod pattern_golden;
 mod ring;
 mod smoke;
+mod split;

@@ -45,6 +45,20 @@ pub(crate) fn connect_ring(
     for address in &nodes[rank] {
         listeners.push((address.clone(), listen(address).map_err(&fail)?.1));
     }
+    connect_ring_on(nodes, rank, listeners, timeout, key, log)
+}
+
+/// [`connect_ring`] over `listeners`, already bound on this rank's addresses `nodes[rank]`
+/// (a sub-group's ring binds ephemeral ports before it can tell its neighbours their numbers).
+pub(crate) fn connect_ring_on(
+    nodes: &[Vec<String>],
+    rank: usize,
+    listeners: Vec<(String, TcpListener)>,
+    timeout: Duration,
+    key: Option<&Key>,
+    log: &Log,
+) -> Result<RingSockets, Error> {
+    let fail = |what: String| Error::Connect { rank, what };
     let links = nodes[rank].len();
     let setup = Setup::new(
         rank,
@@ -135,23 +149,25 @@ fn listen(address: &str) -> Result<(SocketAddr, TcpListener), String> {
     let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
     let mut last = None;
     for addr in addrs {
-        let attempt = (|| {
-            let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-            socket.set_reuse_address(true)?;
-            if addr.is_ipv6() {
-                socket.set_only_v6(false).ok();
-            }
-            socket.bind(&SockAddr::from(addr))?;
-            socket.listen(16)?;
-            socket.set_nonblocking(true)?;
-            Ok::<_, io::Error>(TcpListener::from_std(socket.into()))
-        })();
-        match attempt {
+        match listen_at(addr) {
             Ok(listener) => return Ok((addr, listener)),
             Err(e) => last = Some(format!("cannot listen on {address} ({addr}): {e}")),
         }
     }
     Err(last.unwrap_or_else(|| format!("cannot listen on {address}: it resolves to nothing")))
+}
+
+/// A non-blocking listening socket bound to `addr` (port 0: one the system picks).
+pub(crate) fn listen_at(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false).ok();
+    }
+    socket.bind(&SockAddr::from(addr))?;
+    socket.listen(16)?;
+    socket.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(socket.into()))
 }
 
 /// The two ends of the connections being made.

@@ -30,6 +30,7 @@ pub mod auth;
 mod connect;
 mod scratch;
 pub mod setup;
+pub(crate) mod split;
 pub mod stream;
 
 use std::io;
@@ -97,8 +98,17 @@ impl TcpFabric {
         key: Option<&Key>,
         log: &Log,
     ) -> Result<Self, Error> {
-        let size = nodes.len();
         let sockets = connect::connect_ring(nodes, rank, timeout, key, log)?;
+        Self::from_ring_sockets(rank, nodes.len(), sockets)
+    }
+
+    /// The fabric of rank `rank` of a ring of `size` over its connected `sockets`, numbered as
+    /// [`Wiring::ring`](crate::fabric::Wiring::ring).
+    fn from_ring_sockets(
+        rank: usize,
+        size: usize,
+        sockets: connect::RingSockets,
+    ) -> Result<Self, Error> {
         let right = (rank + 1) % size;
         let left = (rank + size - 1) % size;
         let mut by_peer: Vec<Vec<TcpStream>> = (0..size).map(|_| Vec::new()).collect();

@@ -1,0 +1,150 @@
+//! `split` for MLX's ring: a sub-group is an ordinary ring of its members.
+//!
+//! The members agree on the sub-group through the parent
+//! ([`split_over`](crate::collective::split::split_over)), then build a new fabric with the
+//! parent fabric's [`Splitter`], and run MLX's ring algorithms on it unchanged: a sub-ring of
+//! Rust ranks is a ring like any other, with the same connections per neighbour. Over TCP
+//! ([`TcpRing`]) each member listens on ephemeral ports of the interface its hostfile entry
+//! names, the members tell each other those addresses through the parent's all-gather, and
+//! connect in MLX's order, authenticating with the parent's key if it has one.
+//!
+//! MLX's ring has no `split` (it throws), and its wire has no room for a question, so a ring
+//! cannot find out whether all its ranks are Rust before it tries: a Python MLX rank never
+//! joins the exchange, which then fails at the parent's deadline with an error that says why
+//! (and leaves the parent failed, as any collective that a rank skips).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nuvec_core::distributed::Communicator;
+
+use super::communicator::RingCommunicator;
+use crate::collective::split::{Alone, Exchange, Parent, Plan, Splitter, SubFabric, split_over};
+use crate::config::log::Log;
+use crate::error::Error;
+use crate::fabric::Fabric;
+use crate::transport::tcp::TcpFabric;
+use crate::transport::tcp::auth::Key;
+use crate::transport::tcp::split::Listening;
+
+impl<F: Fabric + Send + 'static> RingCommunicator<F> {
+    /// [`Communicator::split`] with this crate's error: the ranks that pass the same `color`
+    /// form a new ring ordered by `key` (−1: the parent rank), ties by parent rank. A
+    /// collective on this group: every rank calls it at the same point of its program.
+    pub fn try_split(&self, color: i32, key: i32) -> Result<Arc<dyn Communicator>, Error> {
+        let ring = self.topology();
+        let all_gather = |input: &[u8], output: &mut [u8]| self.try_all_gather(input, output);
+        let parent = Parent {
+            rank: ring.rank(),
+            size: ring.size(),
+            all_gather: &all_gather,
+            splitter: self.splitter(),
+            timeout: self.timeout(),
+        };
+        Ok(match split_over(&parent, color, key)? {
+            None => Arc::new(Alone),
+            Some((_, sub)) => {
+                let comm = RingCommunicator::new(sub.fabric, ring.conns(), self.timeout())
+                    .with_log(sub.log)
+                    .with_splitter(sub.splitter);
+                Arc::new(comm)
+            }
+        })
+    }
+}
+
+/// How a ring over TCP makes a sub-group's ring: new listeners on ephemeral ports of the
+/// interface of this rank's hostfile entry, the same connections per neighbour, the same key.
+#[derive(Clone)]
+pub(crate) struct TcpRing {
+    /// An address of this rank's hostfile entry (`host:port`): its host is the interface.
+    entry: String,
+    conns: usize,
+    key: Option<Key>,
+    log: Log,
+    spin: Duration,
+}
+
+impl TcpRing {
+    /// The splitter of a ring whose rank listens on `entry`, with `conns` connections per
+    /// neighbour, `key` if it authenticates, its `log` and its fabric's `spin`.
+    pub(crate) fn new(
+        entry: String,
+        conns: usize,
+        key: Option<Key>,
+        log: Log,
+        spin: Duration,
+    ) -> Self {
+        Self {
+            entry,
+            conns,
+            key,
+            log,
+            spin,
+        }
+    }
+}
+
+/// The exchange record of a rank's addresses: one per line. Empty: it could not listen.
+fn addresses_record(addresses: &[String]) -> Vec<u8> {
+    addresses.join("\n").into_bytes()
+}
+
+impl Splitter<TcpFabric> for TcpRing {
+    fn sub_fabric(
+        &self,
+        plan: &Plan,
+        exchange: &mut Exchange<'_>,
+        timeout: Duration,
+    ) -> Result<Option<SubFabric<TcpFabric>>, Error> {
+        let me = plan.members[plan.rank];
+        if plan.size() == 1 {
+            // Alone in its color: it still takes part in the parent's exchange.
+            exchange(&[])?;
+            return Ok(None);
+        }
+        // A rank that cannot listen still joins the exchange (with nothing), so that its
+        // members fail at once, naming it, instead of at the parent's deadline.
+        let listening = Listening::bind(me, &self.entry, self.conns);
+        let mine = match &listening {
+            Ok(l) => addresses_record(&l.addresses()),
+            Err(_) => Vec::new(),
+        };
+        let all = exchange(&mine)?;
+        let listening = listening?;
+        let mut nodes = Vec::with_capacity(plan.size());
+        for &member in &plan.members {
+            let text = all
+                .get(member)
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .unwrap_or("");
+            let addresses: Vec<String> = text
+                .split('\n')
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if addresses.len() != self.conns {
+                return Err(Error::Connect {
+                    rank: me,
+                    what: format!(
+                        "split: rank {member} of the parent sent {} listening addresses for the \
+                         sub-group of color {}, not {} (it could not listen, or its ring has \
+                         another number of connections per neighbour)",
+                        addresses.len(),
+                        plan.color,
+                        self.conns
+                    ),
+                });
+            }
+            nodes.push(addresses);
+        }
+        let fabric = listening
+            .connect(&nodes, plan.rank, timeout, self.key.as_ref(), &self.log)?
+            .with_spin(self.spin);
+        Ok(Some(SubFabric {
+            fabric,
+            splitter: Arc::new(self.clone()),
+            log: self.log,
+        }))
+    }
+}
