@@ -10,7 +10,7 @@
 //! measured times are printed as `MEASURED ...` lines (`--nocapture` shows them) and are the
 //! README's fault table.
 //!
-//! About 1000 lines, one file: the tests share the rank roles and job helpers here, and the
+//! About 1100 lines, one file: the tests share the rank roles and job helpers here, and the
 //! cluster's harness is `tests/cluster/mod.rs`.
 
 #[path = "cluster/mod.rs"]

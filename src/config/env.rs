@@ -15,6 +15,10 @@
 //! process environment. Unlike MLX (which reads `MLX_RANK` with `atoi`), every value is checked,
 //! and a wrong one is a [`ConfigError`] naming the variable, the value (except for the key)
 //! and what is wrong.
+//!
+//! Over 700 lines because it is the one reader of every variable the crate knows: the table of
+//! names, their parsers and the tests of every bad value stay together, so that no variable is
+//! read or checked anywhere else.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};

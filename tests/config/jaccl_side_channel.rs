@@ -4,6 +4,10 @@
 //! `TCPSocket` (reference §3.3): raw `std::net::TcpStream`s that assert every byte our side
 //! sends and answer with the bytes a C++ peer would send. Records are built here from MLX's
 //! struct layout, not with `Destination::encode`. Only loopback addresses are used.
+//!
+//! About 1000 lines because the scripted peers (the independent model of MLX's side) are
+//! shared by every test here: the record codec, the gathers, the barrier, bad peers and the
+//! liveness watch all drive the same model.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

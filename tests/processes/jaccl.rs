@@ -5,6 +5,10 @@
 //! initialised by `nuvec_distributed::init`: every collective and dtype gives the model's bits
 //! on every rank and the same bits over both fabrics, a lost peer fails the others naming it,
 //! and the provider's faults end in errors naming a peer, with nothing left registered.
+//!
+//! Over 700 lines because every case runs the same rank scenarios through one job runner
+//! (`job_over`), over TCP and over RDMA side by side: splitting by fabric would split the pairs
+//! that compare the two.
 
 #[cfg(feature = "jaccl")]
 use crate::common::emu;

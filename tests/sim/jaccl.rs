@@ -22,6 +22,9 @@
 //! faults 64, determinism 8. Ranks 2..=8, wires 1..=4, all 14 dtypes × 3 ops, both frame rules,
 //! sizes around 32 KiB, 2·R·C elements, 64 KiB and frame boundaries. A failing case prints
 //! itself; its `seed` field reproduces it.
+//!
+//! Near 800 lines because the property tests share one case type, its generators and its
+//! runner against the model; the multi-wire mesh has its own file (`jaccl_wires.rs`).
 
 use crate::common::jaccl_model;
 use crate::common::values;

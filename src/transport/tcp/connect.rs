@@ -7,6 +7,10 @@
 //! ([`crate::transport::tcp::auth`]), an opener runs its half of the handshake blocking, bounded
 //! by the time the setup gives it; an acceptor runs every accepted connection's half without
 //! blocking, beside the others, and the setup drops the ones that fail or run out of time.
+//!
+//! About 700 lines because it is every socket call of setup in one place (listeners, connects,
+//! both halves of the handshake's I/O, the socket options every link gets), so that the state
+//! machine in `setup.rs` holds no I/O at all.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
