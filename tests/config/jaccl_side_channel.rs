@@ -6,8 +6,8 @@
 //! struct layout, not with `Destination::encode`. Only loopback addresses are used.
 //!
 //! About 1000 lines because the scripted peers (the independent model of MLX's side) are
-//! shared by every test here: the record codec, the gathers, the barrier, bad peers and the
-//! liveness watch all drive the same model.
+//! shared by every test here: the record codec, the gathers, the barrier and bad peers all
+//! drive the same model.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
