@@ -48,24 +48,6 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The MLX venv's `bin/`, or `None` (saying why) where it is missing outside CI.
-fn venv_bin() -> Option<PathBuf> {
-    let bin = repo().join(".venv/bin");
-    if bin.join("mlx.launch").exists() {
-        return Some(bin);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{} is missing, and CI=true requires it",
-        bin.display()
-    );
-    eprintln!(
-        "skipped the MLX part: {} is missing (.ci/setup-venv makes it)",
-        bin.display()
-    );
-    None
-}
-
 fn unix_ms() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -356,7 +338,7 @@ fn rings_of_two_to_four_hosts_with_one_and_two_connections_run_under_both_launch
         return;
     };
     let mut launchers = vec![launcher::nuvec_launch().to_path_buf()];
-    if let Some(bin) = venv_bin() {
+    if let Some(bin) = common::venv::bin_with("mlx.launch", "the MLX part") {
         launchers.push(bin.join("mlx.launch"));
     }
     for program in &launchers {
@@ -392,7 +374,9 @@ fn rings_of_two_to_four_hosts_with_one_and_two_connections_run_under_both_launch
 #[test]
 fn a_mixed_job_of_python_mlx_and_rust_ranks_across_hosts_agrees() {
     let _one = exclusive();
-    let Some(bin) = venv_bin() else { return };
+    let Some(bin) = common::venv::bin_with("mlx.launch", "the MLX part") else {
+        return;
+    };
     let Some(c) = cluster::make(4, "1gbit") else {
         return;
     };
@@ -467,7 +451,7 @@ fn jaccl_jobs_across_hosts(c: &Cluster, what: &str, fabric: &[String], large: bo
         r#"["rdma_en4", null, "rdma_en3", null]"#,
     ];
     let mut launchers = vec![launcher::nuvec_launch().to_path_buf()];
-    if let Some(bin) = venv_bin() {
+    if let Some(bin) = common::venv::bin_with("mlx.launch", "the MLX part") {
         launchers.push(bin.join("mlx.launch"));
     }
     for program in &launchers {

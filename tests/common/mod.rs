@@ -6,7 +6,7 @@
 //!   loopback addresses; [`built`], [`launcher`], [`emu`]: other packages' artifacts (the
 //!   `nuvec-launch` binary, the software RDMA provider, the examples) built with the running
 //!   test's profile; [`run`]: one process run to its end with a bound, and the tagged lines
-//!   of a job's output.
+//!   of a job's output; [`venv`]: the MLX venv.
 //! - [`mlx_model`], [`jaccl_model`]: independent models of MLX's ring and JACCL bytes;
 //!   [`values`]: random element values; [`pattern`]: the input pattern the Python MLX ranks
 //!   share.
@@ -32,3 +32,4 @@ pub mod ports;
 pub mod procs;
 pub mod run;
 pub mod values;
+pub mod venv;

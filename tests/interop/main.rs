@@ -31,24 +31,6 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The venv's python, or `None` (with the reason printed) when the venv is absent.
-fn venv_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("NUVEC_MLX_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(".venv"));
-    let python = venv.join("bin").join("python");
-    if python.exists() {
-        return Some(python);
-    }
-    let reason = format!(
-        "no MLX venv at {} (make it with .ci/setup-venv); skipping the interop test",
-        venv.display()
-    );
-    assert!(std::env::var("CI").is_err(), "{reason}, but CI must run it");
-    eprintln!("{reason}");
-    None
-}
-
 fn dtype(name: &str) -> DType {
     match name {
         "bool" => DType::Bool,
@@ -293,7 +275,7 @@ fn plan_for(ranks: usize, conns: usize) -> Value {
 }
 
 fn mixed_rings_match_mlx(ranks: usize) {
-    let Some(python) = venv_python() else {
+    let Some(python) = common::venv::python("the interop test") else {
         return;
     };
     let _one_job_at_a_time = procs::exclusive();
@@ -351,7 +333,7 @@ fn a_rust_program_runs_under_mlx_launch_with_four_ranks() {
     if procs::is_child(RANK_TEST) {
         return;
     }
-    let Some(python) = venv_python() else {
+    let Some(python) = common::venv::python("the interop test") else {
         return;
     };
     let _one_job_at_a_time = procs::exclusive();

@@ -21,27 +21,6 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The venv's python, or `None` (with the reason printed) when the venv is absent.
-fn venv_python() -> Option<PathBuf> {
-    let venv = std::env::var_os("NUVEC_MLX_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(".venv"));
-    let python = venv.join("bin").join("python");
-    if python.exists() {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "no MLX venv at {} under CI",
-        venv.display()
-    );
-    eprintln!(
-        "no MLX venv at {} (make it with .ci/setup-venv); skipping the mixed split test",
-        venv.display()
-    );
-    None
-}
-
 #[test]
 fn a_rust_rank_sums_then_splits() {
     if !procs::is_child(RANK_TEST) {
@@ -64,7 +43,7 @@ fn a_rust_rank_sums_then_splits() {
 
 #[test]
 fn a_ring_with_a_python_mlx_rank_fails_split_by_the_deadline_saying_why() {
-    let Some(python) = venv_python() else {
+    let Some(python) = crate::common::venv::python("the mixed split test") else {
         return;
     };
     let _one_job_at_a_time = procs::exclusive();

@@ -368,24 +368,6 @@ fn jaccl_jobs(launcher: &Path, extra: &[&str]) {
     }
 }
 
-/// `mlx.launch` of the MLX venv, or `None` (saying why) where it is missing outside CI.
-fn mlx_launch() -> Option<PathBuf> {
-    let mlx = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/mlx.launch");
-    if mlx.exists() {
-        return Some(mlx);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{} is missing, and CI=true requires it",
-        mlx.display()
-    );
-    eprintln!(
-        "skipped: {} is missing (create the venv with mlx[cpu]==0.32.4)",
-        mlx.display()
-    );
-    None
-}
-
 #[cfg(feature = "jaccl")]
 #[test]
 fn jaccl_and_jaccl_ring_jobs_run_over_the_rdma_fabric_launched_by_nuvec_launch_and_mlx_launch() {
@@ -408,7 +390,7 @@ fn jaccl_and_jaccl_ring_jobs_run_over_the_rdma_fabric_launched_by_nuvec_launch_a
         &devices,
     ];
     jaccl_jobs(nuvec_launch_binary(), &extra);
-    if let Some(mlx) = mlx_launch() {
+    if let Some(mlx) = crate::common::venv::mlx_launch("the mlx.launch job") {
         jaccl_jobs(&mlx, &extra);
     }
 }
@@ -675,7 +657,9 @@ fn scenarios(dir: &Path) -> Vec<(&'static str, Vec<String>)> {
 
 #[test]
 fn the_environment_matches_mlx_launchs() {
-    let Some(mlx) = mlx_launch() else { return };
+    let Some(mlx) = crate::common::venv::mlx_launch("the comparison with mlx.launch") else {
+        return;
+    };
     let _job = procs::exclusive();
     let dir = scratch("mlx");
     let command = rank_command();

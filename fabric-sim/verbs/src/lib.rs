@@ -359,17 +359,44 @@ unsafe fn sges<'a>(list: *mut ibv_sge, n: c_int) -> Result<&'a [ibv_sge], c_int>
     }
 }
 
-/// The context's `post_send`: posts a chain of send work requests; on error returns the
-/// errno and points `*bad_wr` at the first request not posted.
+/// A link of a chain of work requests, send or receive.
+trait WorkRequest: Copy {
+    /// The next link, or null.
+    fn next(&self) -> *mut Self;
+    /// Its scatter/gather list and length.
+    fn sge_list(&self) -> (*mut ibv_sge, c_int);
+}
+
+impl WorkRequest for ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    fn sge_list(&self) -> (*mut ibv_sge, c_int) {
+        (self.sg_list, self.num_sge)
+    }
+}
+
+impl WorkRequest for ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    fn sge_list(&self) -> (*mut ibv_sge, c_int) {
+        (self.sg_list, self.num_sge)
+    }
+}
+
+/// Posts the chain `wr` to `qp` one request at a time with `post`; on error returns the errno
+/// and points `*bad_wr` at the first request not posted (the one `post_send` and `post_recv`
+/// of every verbs provider share).
 ///
 /// # Safety
 ///
-/// `wr` is null or a readable chain of `ibv_send_wr` with readable SGE lists; `bad_wr` is
-/// null or writable.
-pub(crate) unsafe extern "C" fn post_send(
+/// `wr` is null or a readable chain whose SGE lists are readable; `bad_wr` is null or writable.
+unsafe fn post_chain<W: WorkRequest>(
     qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
-    bad_wr: *mut *mut ibv_send_wr,
+    wr: *mut W,
+    bad_wr: *mut *mut W,
+    post: impl Fn(&qp::Qp, &W, &[ibv_sge]) -> Result<(), c_int>,
 ) -> c_int {
     let result = guard(Err((libc::EIO, wr)), || {
         let qp = objects::qp_of(qp).ok_or((libc::EINVAL, wr))?;
@@ -377,10 +404,11 @@ pub(crate) unsafe extern "C" fn post_send(
         while !cur.is_null() {
             // SAFETY: a non-null link of the chain is readable by the contract.
             let request = unsafe { *cur };
+            let (list, n) = request.sge_list();
             // SAFETY: its SGE list is readable by the contract.
-            let list = unsafe { sges(request.sg_list, request.num_sge) }.map_err(|e| (e, cur))?;
-            qp.post_send(&request, list).map_err(|e| (e, cur))?;
-            cur = request.next;
+            let list = unsafe { sges(list, n) }.map_err(|e| (e, cur))?;
+            post(&qp, &request, list).map_err(|e| (e, cur))?;
+            cur = request.next();
         }
         Ok(())
     });
@@ -396,6 +424,26 @@ pub(crate) unsafe extern "C" fn post_send(
     }
 }
 
+/// The context's `post_send`: posts a chain of send work requests; on error returns the
+/// errno and points `*bad_wr` at the first request not posted.
+///
+/// # Safety
+///
+/// `wr` is null or a readable chain of `ibv_send_wr` with readable SGE lists; `bad_wr` is
+/// null or writable.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: the caller's contract is `post_chain`'s.
+    unsafe {
+        post_chain(qp, wr, bad_wr, |qp, request, list| {
+            qp.post_send(request, list)
+        })
+    }
+}
+
 /// The context's `post_recv`: posts a chain of receive work requests; on error returns the
 /// errno and points `*bad_wr` at the first request not posted.
 ///
@@ -408,28 +456,11 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    let result = guard(Err((libc::EIO, wr)), || {
-        let qp = objects::qp_of(qp).ok_or((libc::EINVAL, wr))?;
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: a non-null link of the chain is readable by the contract.
-            let request = unsafe { *cur };
-            // SAFETY: its SGE list is readable by the contract.
-            let list = unsafe { sges(request.sg_list, request.num_sge) }.map_err(|e| (e, cur))?;
-            qp.post_recv(request.wr_id, list).map_err(|e| (e, cur))?;
-            cur = request.next;
-        }
-        Ok(())
-    });
-    match result {
-        Ok(()) => 0,
-        Err((e, at)) => {
-            if !bad_wr.is_null() {
-                // SAFETY: not null, so writable by the contract.
-                unsafe { bad_wr.write(at) };
-            }
-            e
-        }
+    // SAFETY: the caller's contract is `post_chain`'s.
+    unsafe {
+        post_chain(qp, wr, bad_wr, |qp, request, list| {
+            qp.post_recv(request.wr_id, list)
+        })
     }
 }
 
