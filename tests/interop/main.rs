@@ -203,23 +203,6 @@ fn run_job(
         .collect()
 }
 
-const DTYPES: [&str; 14] = [
-    "bool",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-    "complex64",
-];
-
 /// Element counts covering every branch of MLX's ring for `ranks` ranks, `conns`
 /// connections, and elements of `size` bytes: E < R, E = R, empty tail segments,
 /// non-divisible, both sides of R·256 KiB and of 2C·R·256 KiB, and more than 8 MiB.
@@ -239,7 +222,7 @@ fn sizes(ranks: usize, conns: usize, size: usize, big: bool) -> Vec<usize> {
 fn plan_for(ranks: usize, conns: usize) -> Value {
     let mut ops = Vec::new();
     let mut seed = 1u64;
-    for name in DTYPES {
+    for name in pattern::DTYPES {
         let size = pattern::dtype_size(name).expect("dtype");
         let big = matches!(name, "float32" | "bfloat16" | "uint8" | "complex64");
         for n in sizes(ranks, conns, size, big) {
