@@ -334,6 +334,16 @@ fn every_symbol_the_fabric_resolves_is_a_function_of_verbs_h() {
     }
 }
 
+/// The crate's constants that are not in `verbs.h`, so nothing here compares them: the list of
+/// functions the fabric resolves (checked against the bindings on its own, above) and Apple's
+/// limits on a Thunderbolt device, which users report and no header states.
+const NOT_IN_VERBS_H: [&str; 4] = [
+    "SYMBOLS",
+    "APPLE_MAX_QP_PER_DEVICE",
+    "APPLE_MAX_MR_PER_DEVICE",
+    "APPLE_MAX_WR_PER_QUEUE",
+];
+
 #[test]
 fn every_struct_and_constant_of_the_crate_is_compared_here() {
     let (_, structs) = struct_mismatches();
@@ -347,7 +357,7 @@ fn every_struct_and_constant_of_the_crate_is_compared_here() {
     assert_eq!(declared_types, compared, "structs and unions");
 
     let (_, constants) = constant_mismatches();
-    let mut compared: Vec<&str> = constants.into_iter().chain(["SYMBOLS"]).collect();
+    let mut compared: Vec<&str> = constants.into_iter().chain(NOT_IN_VERBS_H).collect();
     let mut declared_constants = declared("const");
     compared.sort_unstable();
     declared_constants.sort_unstable();
