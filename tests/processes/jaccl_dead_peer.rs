@@ -44,11 +44,13 @@ fn wall_ns() -> u128 {
 fn all_sum(group: &Group) -> Result<(), String> {
     let rank = group.rank();
     let x = Array::from_slice(&vec![rank as f32; FLOATS], [FLOATS]);
-    let outcome = std::panic::catch_unwind(|| {
+    // AssertUnwindSafe: after a panic only its message is used; the array (not unwind-safe
+    // on macOS, where its storage may be a Metal buffer) is dropped unread.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         distributed::all_sum(&x, Some(group))
             .to_vec::<f32>()
             .map(|_| ())
-    });
+    }));
     match outcome {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
