@@ -408,7 +408,14 @@ impl Setup {
                 }
             }
             Event::Opened { link } if self.dialling(link, Dial::Opening) => {
-                if self.keyed {
+                if self.keyed && now >= self.deadline {
+                    // Connected with no time left to authenticate: the attempt counts as
+                    // failed, and setup fails by its deadline rather than waiting past it.
+                    self.last = "it connected at the deadline, with no time left to \
+                                 authenticate"
+                        .into();
+                    self.retry(now);
+                } else if self.keyed {
                     self.dial = Dial::Authenticating;
                     let until = limits::deadline(now, HANDSHAKE).min(self.deadline);
                     self.actions
@@ -553,6 +560,14 @@ impl Setup {
                 conn,
                 link,
                 format!("{MAX_PENDING} connections are authenticating already"),
+            );
+            return;
+        }
+        if now >= self.deadline {
+            self.drop_conn(
+                conn,
+                link,
+                "it arrived at the deadline, with no time left to authenticate".into(),
             );
             return;
         }
