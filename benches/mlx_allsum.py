@@ -12,7 +12,10 @@ Rust bench. Inputs are small integers, so the sum is exact and checked on every 
 
 Rank 0 prints one line per size::
 
-    ROW mlx <ranks> <bytes> <p50 µs> <p99 µs> <ok|FAIL>
+    ROW mlx <ranks> <bytes> <p50 µs> <p99 µs> <ok|FAIL> <cpu µs>
+
+the last the CPU time one operation took on a rank, all its threads (``time.process_time``),
+the mean over ranks and iterations.
 
 MLX's all_sum returns a new array: its time includes making the output (as nuvec's
 ``distributed::all_sum`` on arrays does), unlike the in-place raw-byte API that
@@ -64,13 +67,18 @@ def main():
             barrier()
             mx.eval(mx.distributed.all_sum(x, group=group, stream=mx.cpu))
         times = []
+        cpu = 0.0
         for _ in range(iters):
             barrier()
+            cpu_start = time.process_time()
             start = time.perf_counter()
             y = mx.distributed.all_sum(x, group=group, stream=mx.cpu)
             mx.eval(y)
             times.append(time.perf_counter() - start)
+            cpu += time.process_time() - cpu_start
             del y
+        cpus = mx.distributed.all_sum(mx.array([cpu / iters], dtype=mx.float32), group=group, stream=mx.cpu)
+        cpu_us = float(np.array(cpus)[0]) / ranks * 1e6
         y = mx.distributed.all_sum(x, group=group, stream=mx.cpu)
         mx.eval(y)
         expect = sum(values(n_elems, r, ranks) for r in range(ranks))
@@ -82,7 +90,7 @@ def main():
         p50 = t[max(0, -(-len(t) // 2) - 1)]
         p99 = t[max(0, -(-len(t) * 99 // 100) - 1)]
         if rank == 0:
-            print(f"ROW mlx {ranks} {n_elems * 4} {p50 * 1e6:.1f} {p99 * 1e6:.1f} {'ok' if all_ok else 'FAIL'}")
+            print(f"ROW mlx {ranks} {n_elems * 4} {p50 * 1e6:.1f} {p99 * 1e6:.1f} {'ok' if all_ok else 'FAIL'} {cpu_us:.1f}")
             sys.stdout.flush()
 
 

@@ -192,7 +192,7 @@ pub fn connect_jaccl(
             let ip = side
                 .local_ip()
                 .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-            let tcp = tcp.with_spin(options.spin).with_watch(watch(side)?);
+            let tcp = tcp.with_wait(options.spin).with_watch(watch(side)?);
             let splitter = Arc::new(TcpCables::new(topology, size, ip, log, options.spin));
             Ok(jaccl_group(
                 tcp,
@@ -207,6 +207,7 @@ pub fn connect_jaccl(
         JacclFabric::Rdma => {
             let mut rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
             rdma.set_watch(watch(side)?);
+            rdma.set_wait(options.spin);
             // Sub-groups get new queue pairs on the same devices: this rank's devices toward
             // every job rank (a ring's toward its neighbours only).
             let devices: Vec<Vec<String>> = config.devices().get(rank).cloned().unwrap_or_default();
@@ -278,7 +279,7 @@ pub fn connect_ring(
     }
     let log = Log::new(options.log, rank);
     let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, options.key.as_ref(), &log)?
-        .with_spin(options.spin);
+        .with_wait(options.spin);
     let splitter = TcpRing::new(
         nodes[rank][0].clone(),
         conns,

@@ -11,7 +11,7 @@ use crate::Result;
 
 /// The command line's synopsis, printed with argument errors.
 pub(crate) const USAGE: &str = "usage: allreduce [--backend ring|jaccl|jaccl-ring] [--ranks N] \
-[--conns C] [--fabric tcp|sim] \
+[--conns C] [--fabric tcp|rdma|sim] \
 [--op all_sum|all_max|all_min|all_gather|sendrecv] [--dtype float32|...] \
 [--sizes 4K..64M|4K,1M,...] [--step F] [--iters K] [--warmup W] [--agg mean|max|rank0] \
 [--pingpong BYTES|0] [--no-wire] [--timeout SECS] [--spin US]";
@@ -147,8 +147,11 @@ pub(crate) struct Args {
     pub(crate) wire: bool,
     /// `--timeout`: the deadline of every operation.
     pub(crate) timeout: Duration,
-    /// `--spin`: how long a waiting TCP step keeps looking before it parks.
-    pub(crate) spin: Duration,
+    /// `--spin`: how long a waiting step keeps looking before it parks, every time; `None`
+    /// (the default): the wait adapts.
+    pub(crate) spin: Option<Duration>,
+    /// `--fabric rdma`: JACCL's cables are queue pairs of the RDMA fabric.
+    pub(crate) rdma: bool,
 }
 
 /// `4096`, `4K`, `1M`, `1G` (binary units).
@@ -202,7 +205,8 @@ impl Args {
             pingpong: 4096,
             wire: true,
             timeout: Duration::from_secs(120),
-            spin: nuvec_distributed::DEFAULT_SPIN,
+            spin: None,
+            rdma: false,
         };
         let mut sizes: Option<String> = None;
         let mut step = 4usize;
@@ -216,10 +220,13 @@ impl Args {
                 "--ranks" | "-n" => a.ranks = value("--ranks")?.parse()?,
                 "--conns" | "-c" => a.conns = value("--conns")?.parse()?,
                 "--fabric" => {
-                    a.sim = match value("--fabric")?.as_str() {
-                        "tcp" => false,
-                        "sim" => true,
-                        other => return Err(format!("no fabric {other:?} (tcp or sim)").into()),
+                    (a.sim, a.rdma) = match value("--fabric")?.as_str() {
+                        "tcp" => (false, false),
+                        "rdma" => (false, true),
+                        "sim" => (true, false),
+                        other => {
+                            return Err(format!("no fabric {other:?} (tcp, rdma or sim)").into());
+                        }
                     }
                 }
                 "--op" => a.op = Op::parse(&value("--op")?)?,
@@ -245,7 +252,7 @@ impl Args {
                 "--pingpong" => a.pingpong = parse_bytes(&value("--pingpong")?)?,
                 "--no-wire" => a.wire = false,
                 "--timeout" => a.timeout = Duration::from_secs_f64(value("--timeout")?.parse()?),
-                "--spin" => a.spin = Duration::from_micros(value("--spin")?.parse()?),
+                "--spin" => a.spin = Some(Duration::from_micros(value("--spin")?.parse()?)),
                 "-h" | "--help" => return Err(USAGE.into()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}").into()),
             }
@@ -273,6 +280,9 @@ impl Args {
                 .into());
             }
             Backend::JacclRing => {}
+        }
+        if a.rdma && a.backend == Backend::Ring {
+            return Err("--fabric rdma is JACCL's: with --backend jaccl or jaccl-ring".into());
         }
         let default = if a.sim { "4K..4M" } else { "4K..64M" };
         a.sizes = parse_sizes(sizes.as_deref().unwrap_or(default), step)?;

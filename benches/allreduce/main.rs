@@ -11,8 +11,15 @@
 //!     [--agg mean|max|rank0] [--pingpong 4K|0] [--no-wire] [--timeout SECS] [--spin US]
 //! ```
 //!
-//! `--spin` sets how long a TCP step that waits keeps looking before it parks
-//! ([`Options::spin`], default 100 µs; 0 parks at once), to compare both in one run.
+//! `--spin` fixes how long a step that waits keeps looking before it parks, every time
+//! ([`Options::spin`]; 0 parks at once), to compare with the default, which adapts (at most
+//! 100 µs, and only while looking pays).
+//!
+//! `--fabric rdma` (built with `--features jaccl`) runs JACCL over the RDMA fabric, the verbs
+//! library the environment names (`NUVEC_JACCL_VERBS`: with the software provider,
+//! `NUVEC_VERBS_EMU_DEVICES` listing the device file's devices); its ranks poll their
+//! completion queues, at once while looking pays and yielding the core between polls after.
+//! The wire is still TCP, on the side channel's interface: over the provider, a reference.
 //!
 //! `--backend` names the algorithms as MLX's launcher does: `ring` (the default) is MLX's TCP
 //! ring, `RingCommunicator` over `TcpFabric` with `--conns` connections per neighbour; `jaccl`
@@ -44,8 +51,8 @@
 //! row of the same size. Every timed iteration is preceded by a barrier (a 1-byte all_sum);
 //! the time of an iteration is the mean over the ranks of what each measured (`--agg`; a
 //! round trip is always rank 0's time; in simulation, rank 0's virtual time). The
-//! `cpu µs/rank` column is the CPU time one operation took on a rank, all its threads (Linux:
-//! `/proc/self/task/*/schedstat`), the mean over ranks and iterations: unlike the wall-clock
+//! `cpu µs/rank` column is the CPU time one operation took on a rank, all its threads, those
+//! that exited during it included (`CLOCK_PROCESS_CPUTIME_ID`), the mean over ranks and iterations: unlike the wall-clock
 //! columns it does not depend on how many threads the job has when the machine is shared, so
 //! `cpu÷wire` compares the work done, and `%wire` the bandwidth reached.
 //!
@@ -82,6 +89,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::time::Instant;
 
+use nuvec_distributed::fabric::Fabric;
 use nuvec_distributed::jaccl::{self, FrameRule, JacclCommunicator, SideChannel, Topology};
 use nuvec_distributed::{Options, connect_ring, hostfile};
 
@@ -148,7 +156,10 @@ fn run_ring_rank(args: &Args) -> Result<()> {
         .parse()
         .map_err(|_| "MLX_RANK is not a number")?;
     let nodes = hostfile::read(Path::new(&path))?;
-    let options = Options::default().timeout(args.timeout).spin(args.spin);
+    let mut options = Options::default().timeout(args.timeout);
+    if let Some(spin) = args.spin {
+        options = options.spin(spin);
+    }
     let group = connect_ring(&nodes, rank, &options)?;
     let comm = group
         .communicator()
@@ -190,13 +201,46 @@ fn run_jaccl_rank(args: &Args) -> Result<()> {
         .coordinator_address()
         .ok_or("no MLX_JACCL_COORDINATOR")?;
     let mut side = SideChannel::connect(coordinator, config.rank(), config.size(), args.timeout)?;
-    let (fabric, _) = jaccl::tcp::connect(&config, &mut side, args.timeout)?;
-    let fabric = fabric.with_spin(args.spin);
     let host = side
         .local_ip()
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
         .to_string();
+    if args.rdma {
+        #[cfg(feature = "jaccl")]
+        {
+            let mut fabric = jaccl::rdma::connect(&config, &mut side, args.timeout)?;
+            if let Some(spin) = args.spin {
+                fabric = fabric.with_spin(spin);
+            }
+            drop(side);
+            return jaccl_rank(args, fabric, wires, &host, "rdma (a queue pair per cable)");
+        }
+        #[cfg(not(feature = "jaccl"))]
+        return Err("--fabric rdma needs the bench built with --features jaccl".into());
+    }
+    let (mut fabric, _) = jaccl::tcp::connect(&config, &mut side, args.timeout)?;
+    if let Some(spin) = args.spin {
+        fabric = fabric.with_spin(spin);
+    }
     drop(side);
+    jaccl_rank(
+        args,
+        fabric,
+        wires,
+        &host,
+        "tcp (one TCP connection per cable)",
+    )
+}
+
+/// One rank of a JACCL job over `fabric`: its mesh, or its ring of `wires` cables per
+/// neighbour, then [`tcp_rank`].
+fn jaccl_rank<F: Fabric + Send + 'static>(
+    args: &Args,
+    fabric: F,
+    wires: Option<usize>,
+    host: &str,
+    what: &str,
+) -> Result<()> {
     let (rule, timeout) = (FrameRule::Small, args.timeout);
     let mut args = args.clone();
     let comm = match wires {
@@ -206,7 +250,7 @@ fn run_jaccl_rank(args: &Args) -> Result<()> {
             JacclCommunicator::ring(fabric, wires, rule, timeout)
         }
     };
-    tcp_rank(&args, &comm, &host, "tcp (one TCP connection per cable)")?;
+    tcp_rank(&args, &comm, host, what)?;
     drop(comm.close());
     Ok(())
 }

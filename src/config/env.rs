@@ -8,7 +8,7 @@
 //! | `NUVEC_DISTRIBUTED_TIMEOUT` | per-operation timeout, positive finite seconds |
 //! | `NUVEC_DISTRIBUTED_KEY` | shared key, at least 16 bytes (never printed) |
 //! | `NUVEC_DISTRIBUTED_LOG` | `off`, `error`, `warn`, `info` or `debug` (any case) |
-//! | `NUVEC_DISTRIBUTED_SPIN_US` | how long a TCP step looks before it parks, 0 to 1 000 000 µs |
+//! | `NUVEC_DISTRIBUTED_SPIN_US` | a fixed time a waiting step looks before it parks, 0 to 1 000 000 µs (unset: it adapts) |
 //! | `JACCL_PROGRESS_TIMEOUT_S` / `MLX_JACCL_PROGRESS_TIMEOUT_S` | JACCL: the longest a wait may go without progress, non-negative seconds, 0 off (`JACCL_*` wins) |
 //!
 //! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the
@@ -252,7 +252,7 @@ impl<'a> Env<'a> {
         Ok((!d.is_zero()).then_some(d))
     }
 
-    /// The spin before parking from `NUVEC_DISTRIBUTED_SPIN_US` (whole microseconds, 0 to
+    /// The fixed spin before parking from `NUVEC_DISTRIBUTED_SPIN_US` (whole microseconds, 0 to
     /// [`MAX_SPIN`](crate::config::options::MAX_SPIN)), `None` if unset.
     pub(crate) fn spin(&self) -> Result<Option<Duration>, ConfigError> {
         let Some(v) = self.text(SPIN)? else {

@@ -24,12 +24,23 @@ pub struct Options {
     pub timeout: Duration,
     pub(crate) log: LogLevel,
     pub(crate) key: Option<Key>,
-    pub(crate) spin: Duration,
+    pub(crate) spin: Spin,
     pub(crate) progress: Option<Duration>,
 }
 
-/// How long, by default, a TCP step that cannot progress keeps looking before it parks
-/// ([`Options::spin`]).
+/// How a step that cannot progress looks for bytes before it parks (the fabrics' `wait`
+/// module says why and how).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spin {
+    /// Looks for at most this long, less (or not at all) when looking does not pay: the
+    /// default.
+    Adaptive(Duration),
+    /// Looks for this long every time; zero parks at once.
+    Fixed(Duration),
+}
+
+/// The longest, by default, a step that cannot progress keeps looking before it parks: the
+/// cap of the adaptive wait (see [`Options::spin`]).
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 
 /// The longest [`Options::spin`] accepted: a second.
@@ -41,7 +52,7 @@ impl Default for Options {
             timeout: Duration::from_secs(30),
             log: LogLevel::Off,
             key: None,
-            spin: DEFAULT_SPIN,
+            spin: Spin::Adaptive(DEFAULT_SPIN),
             progress: None,
         }
     }
@@ -78,13 +89,17 @@ impl Options {
         Ok(self)
     }
 
-    /// How long a TCP step that cannot progress keeps looking for bytes (yielding the core
-    /// between looks) before it parks until a socket is ready (default [`DEFAULT_SPIN`],
-    /// 100 µs; `NUVEC_DISTRIBUTED_SPIN_US` for [`init`](crate::init); at most [`MAX_SPIN`]).
-    /// Waking a parked thread costs tens of microseconds on a virtual machine; zero parks at
-    /// once and leaves the cores idle while waiting. See [`tcp`](crate::transport::tcp).
+    /// Makes a step that cannot progress keep looking for bytes (yielding the core between
+    /// looks) for exactly `spin` every time before it parks until a socket is ready (at most
+    /// [`MAX_SPIN`]; `NUVEC_DISTRIBUTED_SPIN_US` for [`init`](crate::init)); zero parks at
+    /// once and leaves the cores idle while waiting.
+    ///
+    /// Without it (the default) the wait adapts: it looks for at most [`DEFAULT_SPIN`], and
+    /// only while looking pays, parking at once when the core is contended (a busy machine)
+    /// or when waits are long. Setting a fixed spin is for measuring: see
+    /// [`tcp`](crate::transport::tcp) for what each costs where.
     pub fn spin(mut self, spin: Duration) -> Self {
-        self.spin = spin.min(MAX_SPIN);
+        self.spin = Spin::Fixed(spin.min(MAX_SPIN));
         self
     }
 

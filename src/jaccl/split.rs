@@ -10,6 +10,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::options::Spin;
+
 use nuvec_core::distributed::Communicator;
 
 use super::comm::{JacclCommunicator, Layout};
@@ -116,7 +118,7 @@ pub(crate) struct TcpCables {
     /// The address this rank listens on.
     ip: IpAddr,
     log: Log,
-    spin: Duration,
+    spin: Spin,
 }
 
 impl TcpCables {
@@ -127,7 +129,7 @@ impl TcpCables {
         job_size: usize,
         ip: IpAddr,
         log: Log,
-        spin: Duration,
+        spin: Spin,
     ) -> Self {
         Self {
             topology,
@@ -190,7 +192,7 @@ impl Splitter<TcpFabric> for TcpCables {
             },
             timeout,
         )?
-        .with_spin(self.spin);
+        .with_wait(self.spin);
         Ok(Some(SubFabric {
             fabric,
             splitter: Arc::new(Self {

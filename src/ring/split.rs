@@ -16,6 +16,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::options::Spin;
+
 use nuvec_core::distributed::Communicator;
 
 use super::communicator::RingCommunicator;
@@ -62,19 +64,13 @@ pub(crate) struct TcpRing {
     conns: usize,
     key: Option<Key>,
     log: Log,
-    spin: Duration,
+    spin: Spin,
 }
 
 impl TcpRing {
     /// The splitter of a ring whose rank listens on `entry`, with `conns` connections per
     /// neighbour, `key` if it authenticates, its `log` and its fabric's `spin`.
-    pub(crate) fn new(
-        entry: String,
-        conns: usize,
-        key: Option<Key>,
-        log: Log,
-        spin: Duration,
-    ) -> Self {
+    pub(crate) fn new(entry: String, conns: usize, key: Option<Key>, log: Log, spin: Spin) -> Self {
         Self {
             entry,
             conns,
@@ -140,7 +136,7 @@ impl Splitter<TcpFabric> for TcpRing {
         }
         let fabric = listening
             .connect(&nodes, plan.rank, timeout, self.key.as_ref(), &self.log)?
-            .with_spin(self.spin);
+            .with_wait(self.spin);
         Ok(Some(SubFabric {
             fabric,
             splitter: Arc::new(self.clone()),

@@ -6,7 +6,8 @@
 //! - [`tcp`]: MLX's ring sockets as a stream fabric ([`TcpFabric`](tcp::TcpFabric)), the
 //!   connection setup with its optional authentication ([`tcp::auth`]), and the reassembly of
 //!   received bytes ([`tcp::stream`]);
-//! - [`rdma`] (feature `jaccl`): UC queue pairs through the verbs library, loaded at run time.
+//! - [`rdma`] (feature `jaccl`): UC queue pairs through the verbs library, loaded at run time;
+//! - `wait`: when a step that cannot progress looks again and when it parks, for both.
 //!
 //! A transport may also use the crate's configuration (addresses, the key, the log), never a
 //! layer above it: JACCL's TCP cables and RDMA bring-up, which need JACCL's configuration and
@@ -15,3 +16,4 @@
 #[cfg(feature = "jaccl")]
 pub(crate) mod rdma;
 pub mod tcp;
+pub(crate) mod wait;

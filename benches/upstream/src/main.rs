@@ -11,7 +11,10 @@
 //! of its result), each preceded by a barrier (an all_sum of one `u8`); the time of an iteration
 //! is the mean over the ranks; p50 and p99 over iterations. Iterations per size:
 //! clamp(256 MiB / bytes, 10, 500), warm-up clamp(iters / 10, 2, 50). Rank 0 prints one line
-//! per size: `ROW <impl> <ranks> <bytes> <p50 µs> <p99 µs> <ok|FAIL>`.
+//! per size: `ROW <impl> <ranks> <bytes> <p50 µs> <p99 µs> <ok|FAIL> <cpu µs>`, the last the CPU
+//! time one operation took on a rank, all its threads, those the operation started and ended
+//! included (`CLOCK_PROCESS_CPUTIME_ID`, as `benches/allreduce/` reads it: 0.5.0 starts a
+//! sender thread per step), the mean over ranks and iterations; `nan` where it cannot be read.
 //!
 //! `--impl local` (with the cargo feature `local`) joins with this checkout's crate instead,
 //! through the same array API: the like-for-like comparison with 0.5.0.
@@ -56,6 +59,24 @@ fn init(which: &str) -> Result<distributed::Group> {
     }
 }
 
+/// The CPU time this process has run, in seconds: every thread's, those that have exited
+/// included (`CLOCK_PROCESS_CPUTIME_ID`, nanosecond resolution); NaN if the clock cannot be
+/// read. Summing the live threads' times instead (`/proc/self/task/*`) misses the threads an
+/// operation starts and ends, such as nuvec-distributed 0.5.0's per-step sender threads.
+fn cpu_time() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid, writable `timespec` for the duration of the call, which writes
+    // nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
 /// Times every size and prints rank 0's rows.
 fn main() -> Result<()> {
     let mut which = "upstream".to_string();
@@ -84,13 +105,17 @@ fn main() -> Result<()> {
             distributed::all_sum(&x, None).eval()?;
         }
         let mut times = Vec::with_capacity(iters);
+        let mut cpu = 0.0;
         for _ in 0..iters {
             barrier()?;
+            let cpu_start = cpu_time();
             let start = Instant::now();
             let y = distributed::all_sum(&x, None);
             y.eval()?;
             times.push(start.elapsed().as_secs_f64());
+            cpu += cpu_time() - cpu_start;
         }
+        let cpu = distributed::all_sum(&Array::from(cpu / iters as f64), None).to_vec::<f64>()?;
         let got = distributed::all_sum(&x, None).to_vec::<f32>()?;
         let want: Vec<f32> = (0..ranks)
             .map(|r| values(elements, r, ranks))
@@ -109,10 +134,11 @@ fn main() -> Result<()> {
         };
         if rank == 0 {
             println!(
-                "ROW {which} {ranks} {bytes} {:.1} {:.1} {}",
+                "ROW {which} {ranks} {bytes} {:.1} {:.1} {} {:.1}",
                 at(0.5) * 1e6,
                 at(0.99) * 1e6,
-                if wrong[0] == 0 { "ok" } else { "FAIL" }
+                if wrong[0] == 0 { "ok" } else { "FAIL" },
+                cpu[0] / ranks as f64 * 1e6
             );
         }
     }

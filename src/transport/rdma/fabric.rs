@@ -9,10 +9,12 @@ use super::MAX_FRAME;
 use super::queue::{Completed, Completion, Undeliverable};
 use super::queue_pair::Qp;
 use super::verbs::status_name;
+use crate::config::options::{DEFAULT_SPIN, Spin};
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Watch, blame,
     most_stuck,
 };
+use crate::transport::wait::{Next, Waiter};
 
 /// Why `transfer` cannot run on a fabric whose channels are `exists`: a channel that does not
 /// exist, a message larger than a frame, or what every fabric refuses
@@ -79,7 +81,10 @@ pub(crate) fn check_transfer(transfer: &Transfer<'_>, exists: bool) -> Option<St
 ///   unchecked. A provider that refuses immediate data on the first send (`EINVAL` or
 ///   `EOPNOTSUPP`) gets plain SENDs from then on.
 /// - Transfers of no bytes complete at once and move nothing (no message).
-/// - Completions are busy-polled; the step's deadline is checked against the fabric's
+/// - Completions are polled: at once again while looking pays, as MLX always does, and with
+///   the core yielded between polls once it does not (the core is contended, or waits are
+///   long), which MLX never does (see the `wait` module; there is no completion channel to
+///   sleep on, as in MLX's bring-up). The step's deadline is checked against the fabric's
 ///   monotonic clock. When it passes, the step fails with `FailureKind::TimedOut` naming the
 ///   transfer that made the least progress: on UC a dead peer produces no error completion,
 ///   only silence.
@@ -104,6 +109,8 @@ pub struct RdmaFabric {
     heard: Vec<Option<Duration>>,
     /// What a step that waits without a completion consults.
     watch: Watch,
+    /// When a step that waits polls at once and when it yields the core between polls.
+    waiter: Waiter,
 }
 
 impl fmt::Debug for RdmaFabric {
@@ -127,7 +134,21 @@ impl RdmaFabric {
             by_peer: vec![Vec::new(); size],
             heard: vec![None; size],
             watch: Watch::default(),
+            waiter: Waiter::new(Spin::Adaptive(DEFAULT_SPIN)),
         }
+    }
+
+    /// Makes every step that waits without a completion wait as `spin` says.
+    pub(crate) fn set_wait(&mut self, spin: Spin) {
+        self.waiter = Waiter::new(spin);
+    }
+
+    /// Makes every step that waits without a completion poll at once for exactly `spin`, and
+    /// only then yield the core between polls (zero yields at once; MLX polls at once
+    /// forever). Without it the wait adapts (the `wait` module).
+    pub fn with_spin(mut self, spin: Duration) -> Self {
+        self.set_wait(Spin::Fixed(spin));
+        self
     }
 
     /// Makes every step that waits without a completion consult `watch` (see
@@ -255,7 +276,9 @@ impl RdmaFabric {
         let mut wcs: Vec<Completion> = Vec::new();
         // When the step last progressed (or started), for its watch.
         let mut quiet_since = started;
+        self.waiter.reset();
         while remaining > 0 {
+            let pass = self.now();
             let mut progressed = false;
             for qp in self.qps.iter_mut() {
                 if qp.queue.is_idle() {
@@ -386,6 +409,7 @@ impl RdmaFabric {
             }
             if progressed {
                 quiet_since = now;
+                self.waiter.moved(pass, now);
             } else {
                 if let Err(stop) = self.watch.waiting(now, quiet_since) {
                     let heard = &self.heard;
@@ -397,7 +421,12 @@ impl RdmaFabric {
                     );
                     return Err(stop.failure(step, t, 0, self.rank));
                 }
-                std::hint::spin_loop();
+                match self.waiter.idle(now) {
+                    Next::Look => std::hint::spin_loop(),
+                    // No completion channel to sleep on: give the core to whoever wants it
+                    // between polls.
+                    Next::Park => std::thread::yield_now(),
+                }
             }
         }
         Ok(())

@@ -10,16 +10,21 @@
 //! module says why), the reduction of received bytes runs on the calling thread as they
 //! arrive, and there is no hand-off between threads to get wrong or to pay for.
 //!
-//! Before it parks, a step that cannot progress keeps looking for [`DEFAULT_SPIN`] (100 µs;
-//! [`Options::spin`](crate::Options::spin), `NUVEC_DISTRIBUTED_SPIN_US`), calling
-//! `sched_yield` between looks. A parked thread is woken by the kernel when its peer's bytes
+//! Before it parks, a step that cannot progress may keep looking for bytes, calling
+//! `sched_yield` between looks: a parked thread is woken by the kernel when its peer's bytes
 //! arrive, and on a virtual machine waking an idle core costs tens of microseconds, more than
 //! a small collective's whole step; a thread that is still looking sees the bytes at once.
-//! Yielding rather than spinning keeps the look cheap for ranks that share a core: with more
-//! ranks than cores the thread that has work gets the core. Measured on a 2-core VM over
-//! loopback (`benches/allreduce/`), this cut a 4 KiB all_sum's p50 from 100–130 µs to
-//! 30–40 µs with 2 ranks and from 380–750 µs to 170–300 µs with 4, and large sizes did not
-//! change.
+//! But a thread that yields on a busy core (a launcher that keeps a core busy, data loading,
+//! other ranks) loses it for a time slice, where a parked one is woken ahead of the others. So
+//! how long it looks adapts (the `wait` module: at most [`DEFAULT_SPIN`], 100 µs, and not at
+//! all once a yield is seen to return late or waits are long); `NUVEC_DISTRIBUTED_SPIN_US`
+//! and [`Options::spin`](crate::Options::spin) fix it instead, 0 parking at once. Measured on
+//! a 2-core VM over loopback, float32 all_sum through arrays, 2 ranks, p50 (the README's
+//! performance section has the tables, all from one run of `benches/compare.sh`): under
+//! `nuvec-launch` looking cuts 4 KiB from about 60 µs parked to about 8 µs; under
+//! `mlx.launch`, whose own loop keeps 1.3 cores busy, a fixed 100 µs spin has taken 125–205 µs
+//! where parking takes 20–40 µs; the adaptive wait is within noise of the better of the two
+//! under each.
 //!
 //! Receives never read past their own end, so the bytes of the next operation stay in the
 //! socket for it: the stream stays aligned with MLX's. No read or write asks for more than
@@ -40,7 +45,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::config::log::Log;
-use crate::config::options::DEFAULT_SPIN;
+use crate::config::options::{DEFAULT_SPIN, Spin};
 use crate::error::Error;
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer, Watch,
@@ -49,6 +54,7 @@ use crate::fabric::{
 use crate::limits;
 use crate::transport::tcp::auth::Key;
 use crate::transport::tcp::stream::Reassembly;
+use crate::transport::wait::{Next, Waiter};
 use scratch::Scratch;
 
 /// The scratch buffer of a receive that hands its bytes to the algorithm, per channel.
@@ -74,8 +80,8 @@ pub struct TcpFabric {
     epoch: Instant,
     /// When bytes last arrived from each peer.
     heard: Vec<Option<Duration>>,
-    /// How long a step that cannot progress keeps looking before it parks in the poll.
-    spin: Duration,
+    /// When a step that cannot progress looks again and when it parks in the poll.
+    waiter: Waiter,
     /// What a step that cannot progress consults (JACCL's side channel, a progress timeout);
     /// nothing for MLX's ring.
     watch: Watch,
@@ -154,7 +160,7 @@ impl TcpFabric {
             poll,
             events: Events::with_capacity(64),
             epoch: Instant::now(),
-            spin: DEFAULT_SPIN,
+            waiter: Waiter::new(Spin::Adaptive(DEFAULT_SPIN)),
             watch: Watch::default(),
         })
     }
@@ -167,11 +173,16 @@ impl TcpFabric {
         self
     }
 
-    /// Sets how long a step that cannot progress keeps looking (yielding the core between
-    /// looks) before it parks until a socket is ready; zero parks at once. See the [module
-    /// documentation](self).
-    pub fn with_spin(mut self, spin: Duration) -> Self {
-        self.spin = spin;
+    /// Makes every step that cannot progress keep looking (yielding the core between looks)
+    /// for exactly `spin` before it parks until a socket is ready; zero parks at once. Without
+    /// it the wait adapts (see the [module documentation](self)).
+    pub fn with_spin(self, spin: Duration) -> Self {
+        self.with_wait(Spin::Fixed(spin))
+    }
+
+    /// Makes every step that cannot progress wait as `spin` says.
+    pub(crate) fn with_wait(mut self, spin: Spin) -> Self {
+        self.waiter = Waiter::new(spin);
         self
     }
 }
@@ -374,10 +385,11 @@ impl TcpFabric {
                 },
             })
             .collect();
-        let mut idle_since: Option<Duration> = None;
+        self.waiter.reset();
         // When the step last moved a byte (or started), for its watch.
         let mut quiet_since = started;
         loop {
+            let pass = self.now();
             let mut moved = false;
             let mut finished = true;
             // (channel, direction) pairs whose earlier transfer in this step is not done: later
@@ -411,14 +423,14 @@ impl TcpFabric {
                 return Ok(());
             }
             if moved {
-                idle_since = None;
                 quiet_since = self.now();
+                self.waiter.moved(pass, quiet_since);
                 continue;
             }
             let now = self.now();
-            if now < deadline && now - *idle_since.get_or_insert(now) < self.spin {
-                // Still within the spin: let any other runnable thread have the core, then
-                // look again, without parking.
+            if now < deadline && self.waiter.idle(now) == Next::Look {
+                // Let any other runnable thread have the core, then look again, without
+                // parking (a yield that returns late shows the waiter a contended core).
                 std::thread::yield_now();
                 continue;
             }
