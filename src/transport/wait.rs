@@ -1,43 +1,36 @@
 //! How a step that cannot progress waits: looking again (the bytes are seen the moment they
 //! arrive, but the core stays busy) or parking (the core is free, but waking costs time), and
-//! when to switch. A sans-IO state machine, fed the fabric's clock: [`Waiter::idle`] says what
-//! to do after a pass that moved nothing, and [`Waiter::moved`] tells it that bytes moved. The TCP fabric parks in the poll (epoll, kqueue); the RDMA fabric, which has
-//! no completion channel, parks by yielding the core between polls of its completion queues.
+//! when to switch. A sans-IO state machine fed the fabric's clock: [`Waiter::idle`] says what
+//! to do after a pass that moved nothing, and [`Waiter::moved`] tells it that bytes moved. The
+//! TCP fabric parks in the poll (epoll, kqueue); the RDMA fabric, which has no completion
+//! channel, parks by yielding the core between polls of its completion queues.
 //!
 //! # Why it adapts
 //!
-//! Neither fixed choice is right on the machines users run: on an idle machine a parked
+//! Neither fixed choice is right on the machines users run. On an idle machine a parked
 //! thread takes tens of microseconds to wake (an idle core of a virtual machine must be woken
 //! first), more than a small collective's whole step, while a thread that keeps looking sees
-//! the bytes at once; on a busy machine (data loading, the GPU driver, a launcher that keeps a
-//! core busy, other ranks) a thread that yields the core between looks loses it for a time
-//! slice, whereas a parked thread is woken ahead of the others when its bytes arrive. So
-//! [`Spin::Adaptive`] (the default) looks only while looking pays:
+//! the bytes at once; and with more ranks than cores, a rank that yields between looks hands
+//! the core to a peer that has work, which gives it back within microseconds. But on a busy
+//! machine (data loading, the GPU driver, a launcher that keeps a core busy) a thread that
+//! yields to a thread that does not give the core back loses it for a scheduler tick
+//! (milliseconds), whereas a parked thread is woken ahead of the busy one when its bytes
+//! arrive. So [`Spin::Adaptive`] (the default) looks only while the core is not contended:
 //!
-//! - A wait starts looking, for at most its budget (at first the whole cap,
-//!   [`DEFAULT_SPIN`](crate::DEFAULT_SPIN)), and parks when the budget is spent.
-//! - A look that comes late ([`LATE`] after the one before: the thread's yield gave the core
-//!   to a busy thread, or it was preempted) ends the looking at once and sets the budget to
-//!   zero: the core is contended, and a parked thread is woken sooner than a yielding one
-//!   gets the core back. Waits then park at once for a hold ([`MIN_HOLD`], doubling each time
-//!   contention is seen again within 2 s, up to [`MAX_HOLD`], and halving once looking pays
-//!   after a calm of twice the hold), so that a machine that stays busy is probed about once
-//!   a second: each probe that loses the core costs a tick.
-//! - A wait whose bytes came while looking doubles the budget (up to the cap); a parked wait
-//!   that ended within the cap sets it to twice that wait (looking would have paid, had it
-//!   lasted so long); a parked wait longer than the cap halves it (waits are long: looking
-//!   burns the core for nothing).
+//! - A wait looks (yielding between looks) for at most the cap,
+//!   [`DEFAULT_SPIN`](crate::DEFAULT_SPIN), then parks.
+//! - A look that comes late, [`LATE`] after the one before (its yield went to a busy thread,
+//!   or the thread was preempted), shows a contended core: the wait parks at once, and so
+//!   does every wait of a hold that follows ([`MIN_HOLD`] at first, doubling each time
+//!   contention is seen again within [`CALM`], up to [`MAX_HOLD`]; halving each time a look
+//!   pays after a calm of twice the hold). On a machine that stays busy a wait risks a look
+//!   about once a second, and each look that loses the core costs one tick.
 //!
-//! [`Spin::Fixed`] looks for the same time every wait (zero parks at once): what
-//! `NUVEC_DISTRIBUTED_SPIN_US` and [`Options::spin`](crate::Options::spin) set, and how the
-//! candidates are compared.
-//!
-//! # Measured
-//!
-//! The candidates side by side in one run (`benches/compare.sh`'s `WAITS`), float32 all_sum
-//! through nuvec arrays, 2 local ranks on a 2-core virtual machine, p50 µs (best of 3 rounds)
-//! under each launcher: see the README's performance section for the tables, which this
-//! module's defaults were chosen from.
+//! [`Spin::Fixed`] looks for the same time every wait and never holds (zero parks at once):
+//! what `NUVEC_DISTRIBUTED_SPIN_US` and [`Options::spin`](crate::Options::spin) set, and how
+//! the candidates are compared (`benches/compare.sh`, `benches/waits.sh`; the README's
+//! performance section has the tables). Waits that are long on an idle machine are not
+//! shortened: a wait of more than the cap burns at most the cap.
 
 use std::time::Duration;
 
@@ -47,20 +40,20 @@ use crate::config::options::Spin;
 /// between them: the core is contended. A pass that finds nothing takes a few microseconds (a
 /// `recv` per socket that says "would block", or a poll of each completion queue), and a
 /// yield returns in about one when nothing else wants the core, and within tens when a peer
-/// rank sharing it runs its own short step (which is why yielding pays with more ranks than
-/// cores); but a yield to a busy thread (measured here: a Python busy loop on the same core)
-/// loses the core for a scheduler tick, 4 ms.
-pub(crate) const LATE: Duration = Duration::from_micros(200);
+/// rank sharing it runs its own short step; but a yield to a busy thread (measured here: a
+/// Python busy loop on the same core) loses the core for a scheduler tick: 4 ms here, 1 ms
+/// on kernels that tick at 1000 Hz.
+pub(crate) const LATE: Duration = Duration::from_micros(500);
 
 /// How long waits park at once after contention is first seen.
 pub(crate) const MIN_HOLD: Duration = Duration::from_millis(1);
 
 /// The longest waits park at once after contention is seen: a look that loses the core costs
-/// a tick (4 ms), so on a machine that stays busy one is risked a second at most.
+/// a tick, so on a machine that stays busy one is risked about once a second.
 pub(crate) const MAX_HOLD: Duration = Duration::from_secs(1);
 
 /// Contention seen again within this long of the last time doubles the hold.
-const CALM: Duration = Duration::from_secs(2);
+pub(crate) const CALM: Duration = Duration::from_secs(2);
 
 /// What to do after a pass that moved nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,8 +68,6 @@ pub(crate) enum Next {
 #[derive(Clone, Debug)]
 pub(crate) struct Waiter {
     spin: Spin,
-    /// How long the next wait looks before it parks.
-    budget: Duration,
     /// When the current wait began (the first pass that moved nothing), if one is under way.
     since: Option<Duration>,
     /// When the current wait last looked.
@@ -94,12 +85,8 @@ pub(crate) struct Waiter {
 impl Waiter {
     /// A waiter that spins as `spin` says.
     pub(crate) fn new(spin: Spin) -> Self {
-        let budget = match spin {
-            Spin::Adaptive(cap) | Spin::Fixed(cap) => cap,
-        };
         Self {
             spin,
-            budget,
             since: None,
             last: Duration::ZERO,
             parked: false,
@@ -109,12 +96,12 @@ impl Waiter {
         }
     }
 
-    /// How long a wait that starts at `now` looks before parking.
+    /// How long a wait that starts at `now` looks before it parks.
     pub(crate) fn budget(&self, now: Duration) -> Duration {
-        if now < self.hold_until {
-            Duration::ZERO
-        } else {
-            self.budget
+        match self.spin {
+            Spin::Fixed(spin) => spin,
+            Spin::Adaptive(_) if now < self.hold_until => Duration::ZERO,
+            Spin::Adaptive(cap) => cap,
         }
     }
 
@@ -133,8 +120,7 @@ impl Waiter {
             return Next::Park;
         }
         if now > since && gap > LATE && matches!(self.spin, Spin::Adaptive(_)) {
-            // A busy thread ran between the last look and this one: park, and park at once
-            // for a while.
+            // A busy thread ran between the last look and this one.
             self.parked = true;
             self.contended(now);
             return Next::Park;
@@ -157,40 +143,27 @@ impl Waiter {
         }
         self.contended_at = Some(now);
         self.hold_until = now + self.hold;
-        self.budget = Duration::ZERO;
     }
 
     /// The step moved bytes in a pass that began at `looked` (and ended at `now`), ending the
     /// wait under way, if any.
     pub(crate) fn moved(&mut self, looked: Duration, now: Duration) {
-        let Some(since) = self.since.take() else {
+        if self.since.take().is_none() {
             return;
-        };
+        }
         let parked = std::mem::take(&mut self.parked);
-        let Spin::Adaptive(cap) = self.spin else {
+        if parked || !matches!(self.spin, Spin::Adaptive(_)) {
             return;
-        };
-        let wait = now.saturating_sub(since);
-        if !parked && looked.saturating_sub(self.last) > LATE {
+        }
+        if looked.saturating_sub(self.last) > LATE {
             // The bytes were found by a look that came late: they may have waited for it.
             self.contended(looked);
-        } else if since < self.hold_until {
-            // A wait of the hold parks at once: it says nothing of looking.
-        } else if !parked {
-            // The bytes came while looking: looking paid. After a calm of twice the hold,
-            // the hold halves.
-            self.budget = (self.budget * 2).max(wait * 2).min(cap);
-            if self
-                .contended_at
-                .is_none_or(|at| now.saturating_sub(at) > self.hold * 2)
-            {
-                self.hold = (self.hold / 2).max(MIN_HOLD);
-            }
-        } else if wait <= cap {
-            // Looking would have paid, had it lasted so long.
-            self.budget = self.budget.max(wait * 2).min(cap);
-        } else {
-            self.budget /= 2;
+        } else if self
+            .contended_at
+            .is_none_or(|at| now.saturating_sub(at) > self.hold * 2)
+        {
+            // Looking paid, after a calm: the hold halves.
+            self.hold = (self.hold / 2).max(MIN_HOLD);
         }
     }
 }
@@ -206,6 +179,7 @@ mod tests {
     }
 
     /// One wait from `start` whose looks come `gap_us` apart until `arrives`, or that parks.
+    /// Whether it looked.
     fn wait(w: &mut Waiter, start: u64, arrives: u64, gap_us: u64) -> bool {
         let mut now = start;
         let mut looked = false;
@@ -226,12 +200,17 @@ mod tests {
     }
 
     #[test]
-    fn on_an_idle_machine_short_waits_keep_looking() {
+    fn on_an_idle_machine_every_wait_looks_for_at_most_the_cap() {
         let mut w = Waiter::new(Spin::Adaptive(CAP));
         for i in 0..100 {
             assert!(wait(&mut w, i * 1000, i * 1000 + 10, 1), "wait {i}");
         }
-        assert_eq!(w.budget(us(100_000)), CAP);
+        // A long wait looks for the cap, then parks; the next ones look again.
+        assert_eq!(w.idle(us(200_000)), Next::Look);
+        assert_eq!(w.idle(us(200_099)), Next::Look);
+        assert_eq!(w.idle(us(200_100)), Next::Park);
+        w.moved(us(205_000), us(205_000));
+        assert_eq!(w.budget(us(300_000)), CAP);
     }
 
     #[test]
@@ -266,6 +245,15 @@ mod tests {
     }
 
     #[test]
+    fn bytes_found_by_a_late_look_count_as_contention() {
+        let mut w = Waiter::new(Spin::Adaptive(CAP));
+        assert_eq!(w.idle(us(0)), Next::Look);
+        // The yield lost the core; the next pass found the bytes.
+        w.moved(us(4000), us(4001));
+        assert_eq!(w.budget(us(4002)), Duration::ZERO);
+    }
+
+    #[test]
     fn looking_resumes_when_the_machine_becomes_idle() {
         let mut w = Waiter::new(Spin::Adaptive(CAP));
         for i in 0..20_000 {
@@ -288,30 +276,24 @@ mod tests {
     }
 
     #[test]
-    fn long_waits_shrink_the_budget_and_short_ones_grow_it_back() {
-        let mut w = Waiter::new(Spin::Adaptive(CAP));
-        for i in 0..10 {
-            wait(&mut w, i * 100_000, i * 100_000 + 5000, 1);
-        }
-        assert!(w.budget(us(1_000_000)) < us(1));
-        for i in 10..20 {
-            wait(&mut w, i * 100_000, i * 100_000 + 30, 1);
-        }
-        assert_eq!(w.budget(us(2_000_000)), CAP);
-    }
-
-    #[test]
     fn a_fixed_spin_never_adapts() {
         let mut w = Waiter::new(Spin::Fixed(CAP));
         assert_eq!(w.idle(us(0)), Next::Look);
-        assert_eq!(
-            w.idle(us(50)),
-            Next::Look,
-            "a late look does not stop a fixed spin"
-        );
-        assert_eq!(w.idle(us(100)), Next::Park);
+        assert_eq!(w.idle(us(50)), Next::Look);
+        assert_eq!(w.idle(us(5000)), Next::Park, "past the spin");
         w.moved(us(10_000), us(10_000));
-        assert_eq!(w.budget(us(10_000)), CAP);
+        assert_eq!(w.idle(us(20_000)), Next::Look);
+        assert_eq!(
+            w.idle(us(24_000)),
+            Next::Park,
+            "past the spin, not for lateness"
+        );
+        w.moved(us(24_000), us(24_000));
+        assert_eq!(
+            w.budget(us(24_001)),
+            CAP,
+            "a late look does not hold a fixed spin"
+        );
         let mut park = Waiter::new(Spin::Fixed(Duration::ZERO));
         assert_eq!(park.idle(us(0)), Next::Park);
     }
