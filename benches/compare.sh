@@ -10,6 +10,7 @@
 #   SIZES=4K,64K,1M RANKS="2 3" REPS=1 bash benches/compare.sh
 #   LAUNCHERS=mlx bash benches/compare.sh   # only under mlx.launch
 #   WAITS= bash benches/compare.sh          # without the fixed-spin columns
+#   HOGS=2 bash benches/compare.sh          # with 2 busy loops running all along
 #
 # Launchers (LAUNCHERS, both by default, one table each): `nuvec` is this workspace's
 # `nuvec-launch` (launch/), which sets the same variables as `mlx.launch` and sleeps while the
@@ -34,6 +35,10 @@
 # the same API (> 1: faster). Every job runs REPS times (rounds interleaved, so a disturbance
 # hits every column alike) and the best p50 is kept, with the CPU time of that run.
 #
+# HOGS (default 0) starts that many busy loops (`python3 -c 'while True: pass'`) for the whole
+# run: a machine busy with other work, as a training job's machine is (data loading, the GPU
+# driver), for every column alike.
+#
 # Needs the MLX venv (.ci/setup-venv makes .venv); without it the mlx column and the mlx.launch
 # table are skipped. The full output of every job goes to target/compare/.
 set -euo pipefail
@@ -44,6 +49,7 @@ SIZES="${SIZES:-4K,1M,16M}"
 RANKS="${RANKS:-2 4}"
 REPS="${REPS:-3}"
 WAITS="${WAITS-100 0}"
+HOGS="${HOGS:-0}"
 LAUNCHERS="${LAUNCHERS:-${LAUNCHER:-nuvec mlx}}"
 MLX_LAUNCH="$ROOT/.venv/bin/mlx.launch"
 PYTHON="$ROOT/.venv/bin/python"
@@ -93,6 +99,15 @@ launch() {
   fi
   cat "$log" >&2
 }
+
+hogs=()
+stop_hogs() { ((${#hogs[@]})) && kill "${hogs[@]}" 2>/dev/null; true; }
+trap stop_hogs EXIT
+for ((h = 0; h < HOGS; h++)); do
+  python3 -c 'while True: pass' &
+  hogs+=($!)
+done
+((HOGS)) && echo "== $HOGS busy loop(s) running: ${hogs[*]}" >&2
 
 for rep in $(seq 1 "$REPS"); do
   for launcher in $LAUNCHERS; do
@@ -223,3 +238,6 @@ for launcher in launchers:
         extra = f"; raw all_sum 4 KiB = {raw4k[0] / w:.2f} × the wire round trip" if raw4k else ""
         print(f"{n} ranks: 4 KiB ping-pong round trip p50: wire {w:.1f} µs, ring send/recv {r:.1f} µs{extra}")
 PY
+stop_hogs
+((HOGS)) && echo "(with $HOGS busy loop(s) running all along)"
+true
