@@ -409,7 +409,7 @@ impl RdmaFabric {
             }
             if progressed {
                 quiet_since = now;
-                self.waiter.moved(pass, now);
+                self.waiter.moved(pass);
             } else {
                 if let Err(stop) = self.watch.waiting(now, quiet_since) {
                     let heard = &self.heard;

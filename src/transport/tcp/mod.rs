@@ -14,17 +14,15 @@
 //! `sched_yield` between looks: a parked thread is woken by the kernel when its peer's bytes
 //! arrive, and on a virtual machine waking an idle core costs tens of microseconds, more than
 //! a small collective's whole step; a thread that is still looking sees the bytes at once.
-//! But a thread that yields on a busy core (a launcher that keeps a core busy, data loading,
-//! other ranks) loses it for a time slice, where a parked one is woken ahead of the others. So
-//! how long it looks adapts (the `wait` module: at most [`DEFAULT_SPIN`], 100 µs, and not at
-//! all once a yield is seen to return late or waits are long); `NUVEC_DISTRIBUTED_SPIN_US`
-//! and [`Options::spin`](crate::Options::spin) fix it instead, 0 parking at once. Measured on
-//! a 2-core VM over loopback, float32 all_sum through arrays, 2 ranks, p50 (the README's
-//! performance section has the tables, all from one run of `benches/compare.sh`): under
-//! `nuvec-launch` looking cuts 4 KiB from about 60 µs parked to about 8 µs; under
-//! `mlx.launch`, whose own loop keeps 1.3 cores busy, a fixed 100 µs spin has taken 125–205 µs
-//! where parking takes 20–40 µs; the adaptive wait is within noise of the better of the two
-//! under each.
+//! But a thread that yields to a busy thread (a launcher that keeps a core busy, data
+//! loading) loses the core for a scheduler tick, where a parked one is woken ahead of it. So
+//! it looks only while the core is not contended (the `wait` module: for at most
+//! [`DEFAULT_SPIN`], 100 µs, and not at all for a while once a look comes late);
+//! `NUVEC_DISTRIBUTED_SPIN_US` and [`Options::spin`](crate::Options::spin) fix it instead, 0
+//! parking at once. Measured on a 2-core VM over loopback, float32 all_sum through arrays on
+//! 2 ranks, p50: looking takes 4 KiB from 17–60 µs parked to 8–14 µs on an idle machine; with
+//! two busy loops running, a fixed 100 µs look takes 2 ms where the adaptive wait, which then
+//! parks, takes 16 µs (the `wait` module has the table).
 //!
 //! Receives never read past their own end, so the bytes of the next operation stay in the
 //! socket for it: the stream stays aligned with MLX's. No read or write asks for more than
@@ -424,15 +422,20 @@ impl TcpFabric {
             }
             if moved {
                 quiet_since = self.now();
-                self.waiter.moved(pass, quiet_since);
+                self.waiter.moved(pass);
                 continue;
             }
             let now = self.now();
-            if now < deadline && self.waiter.idle(now) == Next::Look {
-                // Let any other runnable thread have the core, then look again, without
-                // parking (a yield that returns late shows the waiter a contended core).
-                std::thread::yield_now();
-                continue;
+            if now < deadline {
+                match self.waiter.idle(now) {
+                    // Let any other runnable thread have the core, then look again, without
+                    // parking (a yield that returns late shows the waiter a contended core).
+                    Next::Look => {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    Next::Park => {}
+                }
             }
             if now >= deadline {
                 let i = most_stuck(step, |i| progress[i].done).unwrap_or(0);
