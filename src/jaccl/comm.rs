@@ -191,7 +191,7 @@ impl<F: Fabric> JacclCommunicator<F> {
 
     /// MLX's `sum_scatter` (with any reduction; mesh only): `input` holds R shards of
     /// `output.len()` bytes, and rank r's `output` becomes the reduction of shard r over every
-    /// rank, folded in rank order.
+    /// rank: rank r's own shard, then the peers' in rank order (one of MLX's results).
     pub fn try_sum_scatter(
         &self,
         op: Reduction,

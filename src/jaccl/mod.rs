@@ -95,8 +95,10 @@
 //!   is failed at the deadline. `JACCL_PROGRESS_TIMEOUT_S` (or `MLX_JACCL_PROGRESS_TIMEOUT_S`,
 //!   as MLX's PR #4530 names it) bounds every wait without progress too.
 //! - **Deterministic sum-scatter.** MLX reduces the shards of its `sum_scatter` (and of the large
-//!   mesh all-reduce) in the order messages complete, so float sums vary from run to run; here
-//!   they fold in rank order, one of MLX's possible results, the same on every run and rank.
+//!   mesh all-reduce) into the rank's own shard in the order messages complete, so float sums
+//!   vary from run to run; here the peers' shards follow the own one in rank order, one of
+//!   MLX's possible results (checked against MLX 0.32.4's own `mesh_impl.h`:
+//!   `tests/processes/jaccl_mlx.rs`), the same on every run and rank.
 //! - **Wires in step.** MLX 0.32.4 runs each wire of a multi-wire mesh on a thread of its own
 //!   (`dispatch_wires`), so one wire may be a phase ahead of another; here the wires of an
 //!   operation advance phase by phase together (one fabric step per phase). What each queue

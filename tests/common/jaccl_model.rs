@@ -61,8 +61,8 @@ fn apply(lane: Lane, op: Reduction, local: &mut [u8], received: &[u8]) {
     }
 }
 
-/// The mesh all-reduce: every element is `((x₀ ⊕ x₁) ⊕ x₂) …` (the fold path, and the shards
-/// and tail of the scatter-gather path all fold in rank order).
+/// The mesh's fold of whole inputs (MLX's `MeshImpl::all_reduce`, and the tail of its
+/// scatter-gather path): every element is `((x₀ ⊕ x₁) ⊕ x₂) …`.
 pub fn mesh_fold(dtype: DType, op: Reduction, inputs: &[Vec<u8>]) -> Vec<u8> {
     let lane = Lane::of(dtype);
     let mut acc = inputs[0].clone();
@@ -70,6 +70,59 @@ pub fn mesh_fold(dtype: DType, op: Reduction, inputs: &[Vec<u8>]) -> Vec<u8> {
         apply(lane, op, &mut acc, x);
     }
     acc
+}
+
+/// The bytes `range` of shard `owner`'s reduction as MLX's `MeshImpl::sum_scatter` folds it on
+/// rank `owner`: the owner's own bytes first, then every peer's in rank order (MLX takes the
+/// peers in the order their messages complete; this is the order its polls, over the peers
+/// in rank order, find them when all have arrived).
+pub fn mesh_owner_fold(
+    dtype: DType,
+    op: Reduction,
+    inputs: &[Vec<u8>],
+    owner: usize,
+    range: std::ops::Range<usize>,
+) -> Vec<u8> {
+    let lane = Lane::of(dtype);
+    let mut acc = inputs[owner][range.clone()].to_vec();
+    for (p, x) in inputs.iter().enumerate() {
+        if p != owner {
+            apply(lane, op, &mut acc, &x[range.clone()]);
+        }
+    }
+    acc
+}
+
+/// Rank `rank`'s result of a mesh sum-scatter of shards of `n` bytes: shard `rank` folded by
+/// its owner ([`mesh_owner_fold`]).
+pub fn mesh_scatter(dtype: DType, op: Reduction, inputs: &[Vec<u8>], rank: usize) -> Vec<u8> {
+    let n = inputs[0].len() / inputs.len();
+    mesh_owner_fold(dtype, op, inputs, rank, rank * n..(rank + 1) * n)
+}
+
+/// The mesh all-reduce over `wires` wires, as MLX 0.32.4's `MeshGroup` cuts it
+/// ([`split_wires`]): a wire's range of more than 32 KiB over more than 2 ranks takes the
+/// scatter-gather path, whose shard `k` (`⌊n/R⌋` elements of the range each) rank `k` folds
+/// ([`mesh_owner_fold`]) and whose tail folds in rank order; any other range folds in rank
+/// order ([`mesh_fold`]).
+pub fn mesh_all_reduce(dtype: DType, op: Reduction, inputs: &[Vec<u8>], wires: usize) -> Vec<u8> {
+    let (r, s) = (inputs.len(), dtype.size());
+    let e = inputs[0].len() / s;
+    let mut out = mesh_fold(dtype, op, inputs);
+    if r > 2 {
+        for (_, at, n) in split_wires(e * s, e, wires) {
+            if n * s > 32 * 1024 {
+                let shard = n / r;
+                for owner in 0..r {
+                    let start = (at + owner * shard) * s;
+                    let range = start..start + shard * s;
+                    out[range.clone()]
+                        .copy_from_slice(&mesh_owner_fold(dtype, op, inputs, owner, range));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The ring all-reduce plan: (directions, wires, chunk, spw, frame, messages per step).

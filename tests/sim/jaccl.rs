@@ -295,7 +295,7 @@ fn expected(case: &Case, inputs: &[Vec<Vec<u8>>]) -> (Vec<Vec<Vec<u8>>>, Message
                 let value = match case.topo {
                     Topo::Mesh => {
                         jaccl_model::mesh_reduce_messages(&mut messages, large, r, n, s);
-                        jaccl_model::mesh_fold(dtype, op, ins)
+                        jaccl_model::mesh_all_reduce(dtype, op, ins, 1)
                     }
                     Topo::Ring { wires } => {
                         jaccl_model::ring_reduce_messages(&mut messages, large, r, wires, n, s);
@@ -307,9 +307,8 @@ fn expected(case: &Case, inputs: &[Vec<Vec<u8>>]) -> (Vec<Vec<Vec<u8>>>, Message
             Op::Scatter { op, dtype, n } => {
                 let s = dtype.size();
                 jaccl_model::mesh_gather_messages(&mut messages, large, r, n * s);
-                let total = jaccl_model::mesh_fold(dtype, op, ins);
                 (0..r)
-                    .map(|k| total[k * n * s..(k + 1) * n * s].to_vec())
+                    .map(|k| jaccl_model::mesh_scatter(dtype, op, ins, k))
                     .collect()
             }
             Op::Gather { n } => {
