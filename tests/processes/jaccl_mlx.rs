@@ -207,7 +207,8 @@ impl Shape {
     /// the reduction rotating too; f32 all-reduces either side of 32 KiB and 512 KiB; uint8
     /// all-reduces either side of a frame (4 KiB, and 8 KiB for large frames); for the ring,
     /// E either side of 2·R·C; all-gathers and send/recv either side of a frame and in every
-    /// class; for the mesh sum-scatters below and above 65536 and 512 KiB shards.
+    /// class; sum-scatters of shards of one element, below, at and above 64 KiB and above
+    /// 512 KiB.
     fn ops(&self) -> Vec<Op> {
         let (r, c) = (self.ranks, self.wires);
         let turn = r + c + usize::from(self.ring) + 2 * usize::from(self.large);
@@ -252,16 +253,17 @@ impl Shape {
         for n in [4096, 4097, 40_000, 512 * 1024 + 5] {
             ops.push(Op::Gather { n });
         }
-        if !self.ring {
-            let d1 = values::DTYPES[turn % 14];
-            let d2 = values::DTYPES[(turn + 5) % 14];
-            let d3 = values::DTYPES[(turn + 9) % 14];
-            for (dtype, bytes) in [(d1, 20_000), (d2, 65_536 + 8), (d3, 512 * 1024 + 8)] {
-                ops.push(Op::Scatter {
-                    dtype,
-                    n: bytes / dtype.size() + 1,
-                });
-            }
+        // Shards exactly at and just above 64 KiB (the ring's switch to every wire), above
+        // 512 KiB (the mesh's), of one element, and small.
+        let d = |k: usize| values::DTYPES[(turn + k) % 14];
+        for (dtype, elements) in [
+            (d(0), 65_536 / d(0).size()),
+            (d(5), 65_536 / d(5).size() + 1),
+            (d(9), (512 * 1024 + 8) / d(9).size() + 1),
+            (DType::F64, 1),
+            (d(3), 20_000 / d(3).size()),
+        ] {
+            ops.push(Op::Scatter { dtype, n: elements });
         }
         let shift = if self.ring { 1 } else { 1 + turn % (r - 1) };
         for n in [4096, 4097, 100_000, 512 * 1024 + 1] {
