@@ -192,7 +192,7 @@ impl<F: Fabric> JacclCommunicator<F> {
     /// MLX's `sum_scatter` (with any reduction): `input` holds R shards of `output.len()`
     /// bytes, and rank r's `output` becomes the reduction of shard r over every rank: on the
     /// mesh rank r's own shard, then the peers' in rank order (one of MLX's results); on the
-    /// ring in MLX's ring order ([`ring`](super::ring)).
+    /// ring in MLX's ring order (see [`ring`]).
     pub fn try_sum_scatter(
         &self,
         op: Reduction,
