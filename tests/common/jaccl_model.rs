@@ -243,6 +243,79 @@ pub fn ring_reduce_messages(m: &mut Messages, large: bool, r: usize, c: usize, e
     }
 }
 
+/// The ring sum-scatter's plan (MLX's `RingImpl::reduce_scatter`) for shards of `e` elements
+/// of `s` bytes: (wires, spw, frame, messages per step and (direction, wire)). Always two
+/// directions; one wire when `e·s ≤ 65536` or `R·e < 2RC`, else C; `spw = ⌈e/(2·wires)⌉`.
+pub fn ring_scatter_plan(
+    large: bool,
+    e: usize,
+    s: usize,
+    r: usize,
+    c: usize,
+) -> (usize, usize, usize, usize) {
+    let wires = if e * s <= 65536 || e * r < 2 * r * c {
+        1
+    } else {
+        c
+    };
+    let spw = ceildiv(e, 2 * wires);
+    let f = frame(large, spw * s);
+    (wires, spw, f, ceildiv(spw, f / s))
+}
+
+/// Appends the messages of a ring sum-scatter of shards of `e` elements of `s` bytes: per step
+/// (R−1 of them) and per (direction, wire), the plan's message count.
+pub fn ring_scatter_messages(
+    m: &mut Messages,
+    large: bool,
+    r: usize,
+    c: usize,
+    e: usize,
+    s: usize,
+) {
+    if e == 0 {
+        return;
+    }
+    let (wires, _, f, n_steps) = ring_scatter_plan(large, e, s, r, c);
+    for rank in 0..r {
+        for w in 0..wires {
+            push(m, rank, right(rank, r, w), (r - 1) * n_steps, f);
+            push(m, rank, left(rank, r, c, w), (r - 1) * n_steps, f);
+        }
+    }
+}
+
+/// Rank `rank`'s result of a ring sum-scatter (shards of `inputs[k].len() / R` bytes) over C
+/// wires: an element of shard `rank` in direction 0's region (the first `wires·spw` elements)
+/// is `((x_{r+1} ⊕ x_{r+2}) ⊕ …) ⊕ x_r`, one in direction 1's `((x_{r−1} ⊕ x_{r−2}) ⊕ …) ⊕ x_r`:
+/// each rank combines what it receives as `received ⊕ mine`.
+pub fn ring_scatter(
+    large: bool,
+    dtype: DType,
+    op: Reduction,
+    c: usize,
+    inputs: &[Vec<u8>],
+    rank: usize,
+) -> Vec<u8> {
+    let (lane, r, s) = (Lane::of(dtype), inputs.len(), dtype.size());
+    let n = inputs[0].len() / r;
+    let e = n / s;
+    let (wires, spw, _, _) = ring_scatter_plan(large, e, s, r, c);
+    let split = (wires * spw).min(e) * s;
+    let shard = |k: usize| &inputs[k][rank * n..(rank + 1) * n];
+    let mut out = Vec::with_capacity(n);
+    for (range, step) in [(0..split, 1), (split..n, r - 1)] {
+        let first = (rank + step) % r;
+        let mut acc = shard(first)[range.clone()].to_vec();
+        for i in 2..=r {
+            let q = (rank + i * step) % r;
+            apply(lane, op, &mut acc, &shard(q)[range.clone()]);
+        }
+        out.extend_from_slice(&acc);
+    }
+    out
+}
+
 /// Appends the messages of a ring all-gather of `n` bytes per rank (PR #4443's layout).
 pub fn ring_gather_messages(m: &mut Messages, large: bool, r: usize, c: usize, n: usize) {
     if n == 0 {
