@@ -206,8 +206,8 @@ impl Shape {
     /// with the dtype and the shape (below a frame, below 32 KiB, below 512 KiB, above), with
     /// the reduction rotating too; f32 all-reduces either side of 32 KiB and 512 KiB; uint8
     /// all-reduces either side of a frame (4 KiB, and 8 KiB for large frames); for the ring,
-    /// E either side of 2·R·C; all-gathers and send/recv either side of a frame and in every
-    /// class; sum-scatters of shards of one element, below, at and above 64 KiB and above
+    /// E either side of 2·R·C; all-gathers and send/recv either side of a frame and of
+    /// 512 KiB, and in every class; sum-scatters of shards of one element, below, at and above 64 KiB and above
     /// 512 KiB.
     fn ops(&self) -> Vec<Op> {
         let (r, c) = (self.ranks, self.wires);
@@ -227,7 +227,7 @@ impl Shape {
                 n: bytes / s + i % 3,
             });
         }
-        for n in [8192, 8193, 131_072, 131_073] {
+        for n in [8192, 8193, 131_071, 131_072] {
             ops.push(Op::Reduce {
                 op: values::OPS[n % 3],
                 dtype: DType::F32,
@@ -250,7 +250,7 @@ impl Shape {
                 });
             }
         }
-        for n in [4096, 4097, 40_000, 512 * 1024 + 5] {
+        for n in [4096, 4097, 40_000, 512 * 1024 - 1, 512 * 1024 + 5] {
             ops.push(Op::Gather { n });
         }
         // Shards exactly at and just above 64 KiB (the ring's switch to every wire), above
@@ -266,7 +266,7 @@ impl Shape {
             ops.push(Op::Scatter { dtype, n: elements });
         }
         let shift = if self.ring { 1 } else { 1 + turn % (r - 1) };
-        for n in [4096, 4097, 100_000, 512 * 1024 + 1] {
+        for n in [4096, 4097, 100_000, 512 * 1024 - 1, 512 * 1024 + 1] {
             ops.push(Op::SendRecv { shift, n });
         }
         ops
