@@ -3,7 +3,7 @@
 use crate::common::venv;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 /// The C++ sources, each supplying what the wheel declares but does not ship.
@@ -68,6 +68,8 @@ pub(super) fn build_harness() -> Result<[PathBuf; 2], String> {
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".to_owned());
     let compile = |source: &str, rule: &str, object: &Path| {
         let mut cmd = Command::new(&compiler);
+        // -O1: at -O0 the build is a third quicker, but MLX's busy polling, unoptimised,
+        // makes the jobs of 4 ranks several times slower on two cores (they pass all the same).
         cmd.args(["-std=c++20", "-O1", "-c", "-include", "cstring"])
             // The frame rule's macOS-version test: 0 is macOS 26.2's 4 KiB frames, 1 the
             // large frames of 26.3 and later.
@@ -79,27 +81,32 @@ pub(super) fn build_harness() -> Result<[PathBuf; 2], String> {
             .arg(object);
         cmd
     };
-    // Only groups.cpp instantiates the algorithms, so only it is compiled per rule.
+    // Every source once per rule, never an object of one rule in the other's binary: the rule
+    // lives in `rdma.h`'s `buffer_size_from_message`, of internal linkage, which the headers'
+    // inline members call, and a translation unit that emits one of those (as g++ -O0 does in
+    // main.cpp for `RingImpl::all_gather_wire`) would give the linker its copy, of its rule.
+    let object = |source: &str, name: &str| out.join(format!("{source}-{name}.o"));
     let mut jobs = Vec::new();
-    for source in ["side_channel.cpp", "rdma.cpp", "main.cpp"] {
-        jobs.push(compile(source, "0", &out.join(format!("{source}.o"))));
-    }
     for (rule, name) in [("0", "small"), ("1", "large")] {
-        jobs.push(compile(
-            "groups.cpp",
-            rule,
-            &out.join(format!("groups-{name}.o")),
-        ));
+        for source in SOURCES {
+            jobs.push(compile(source, rule, &object(source, name)));
+        }
     }
-    let running: Vec<_> = jobs
-        .iter_mut()
-        .map(|cmd| {
-            let shown = format!("{cmd:?}");
-            (shown, cmd.output())
-        })
-        .collect();
-    for (shown, result) in running {
-        let output = result.map_err(|e| format!("cannot run {compiler} ({e})"))?;
+    // All at once (the machines have two cores; groups.cpp's take the longest).
+    let mut running = Vec::new();
+    for cmd in &mut jobs {
+        let shown = format!("{cmd:?}");
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run {compiler} ({e})"))?;
+        running.push((shown, child));
+    }
+    for (shown, child) in running {
+        let output = child
+            .wait_with_output()
+            .map_err(|e| format!("waiting for {compiler} ({e})"))?;
         if !output.status.success() {
             return Err(format!(
                 "{shown} failed:\n{}",
@@ -109,12 +116,10 @@ pub(super) fn build_harness() -> Result<[PathBuf; 2], String> {
     }
     for (target, name) in targets.iter().zip(["small", "large"]) {
         let mut link = Command::new(&compiler);
-        for source in ["side_channel.cpp", "rdma.cpp", "main.cpp"] {
-            link.arg(out.join(format!("{source}.o")));
+        for source in SOURCES {
+            link.arg(object(source, name));
         }
-        link.arg(out.join(format!("groups-{name}.o")))
-            .args(["-ldl", "-pthread", "-o"])
-            .arg(target);
+        link.args(["-ldl", "-pthread", "-o"]).arg(target);
         let output = link
             .output()
             .map_err(|e| format!("cannot run {compiler} ({e})"))?;
