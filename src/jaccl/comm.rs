@@ -189,9 +189,10 @@ impl<F: Fabric> JacclCommunicator<F> {
         )
     }
 
-    /// MLX's `sum_scatter` (with any reduction; mesh only): `input` holds R shards of
-    /// `output.len()` bytes, and rank r's `output` becomes the reduction of shard r over every
-    /// rank, folded in rank order.
+    /// MLX's `sum_scatter` (with any reduction): `input` holds R shards of `output.len()`
+    /// bytes, and rank r's `output` becomes the reduction of shard r over every rank: on the
+    /// mesh rank r's own shard, then the peers' in rank order (one of MLX's results); on the
+    /// ring in MLX's ring order (see [`ring`]).
     pub fn try_sum_scatter(
         &self,
         op: Reduction,
@@ -209,15 +210,19 @@ impl<F: Fabric> JacclCommunicator<F> {
             self.layout.size(),
             |op, what| self.invalid(op, what),
         )?;
-        let Layout::Mesh(m) = self.layout else {
-            return Err(self.invalid(
-                name,
-                "sum_scatter is implemented for the JACCL mesh only, not the ring".into(),
-            ));
-        };
-        self.operate(name, output.len(), |fabric, scratch, deadline| {
-            mesh::sum_scatter(fabric, &m, reducer, input, output, scratch, deadline)
-        })
+        let rule = self.rule;
+        self.operate(
+            name,
+            output.len(),
+            |fabric, scratch, deadline| match &self.layout {
+                Layout::Mesh(m) => {
+                    mesh::sum_scatter(fabric, m, reducer, input, output, scratch, deadline)
+                }
+                Layout::Ring(r) => {
+                    ring::sum_scatter(fabric, r, rule, reducer, input, output, scratch, deadline)
+                }
+            },
+        )
     }
 
     fn check_peer(&self, op: &'static str, peer: usize, receive: bool) -> Result<(), Error> {

@@ -30,6 +30,10 @@ pub const MESH_SMALL_BYTES: usize = 32_768;
 /// At most this many bytes, the ring all-reduce uses one direction of one wire.
 pub const RING_SMALL_BYTES: usize = 32_768;
 
+/// At most this many bytes of output shard, the ring sum-scatter uses one wire (in both
+/// directions).
+pub const RING_SCATTER_SMALL_BYTES: usize = 65_536;
+
 /// From this many bytes on, a mesh with several wires (cables per pair of ranks) cuts an
 /// operation across all of them; below it, wire 0 carries the whole operation (MLX 0.32.4's
 /// `MESH_MULTI_WIRE_MIN_BYTES`, `mesh_impl.h` line 13).
@@ -195,6 +199,36 @@ impl RingReduce {
             dirs,
             wires,
             chunk,
+            spw,
+            frame: rule.frame(spw * element_size),
+        }
+    }
+
+    /// MLX's plan for the ring sum-scatter (`RingImpl::reduce_scatter`) of shards of `shard`
+    /// elements of `element_size` bytes over `ranks` ranks with `conns` wires per direction:
+    /// always two directions, of one wire when the shard is at most
+    /// [`RING_SCATTER_SMALL_BYTES`] or the `R·shard` elements are fewer than 2·R·C, else of
+    /// C wires; the chunks are the R shards, each cut into a slice per (direction, wire) of
+    /// `⌈shard/(2·wires)⌉` elements.
+    pub fn scatter(
+        rule: FrameRule,
+        shard: usize,
+        element_size: usize,
+        ranks: usize,
+        conns: usize,
+    ) -> Self {
+        let total = shard * ranks;
+        let small =
+            shard * element_size <= RING_SCATTER_SMALL_BYTES || total < 2 * ranks * conns.max(1);
+        let wires = if small { 1 } else { conns.max(1) };
+        let spw = ceil_div(shard, 2 * wires);
+        Self {
+            elements: total,
+            element_size,
+            ranks,
+            dirs: 2,
+            wires,
+            chunk: shard,
             spw,
             frame: rule.frame(spw * element_size),
         }
@@ -473,6 +507,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_ring_scatter_uses_both_directions_and_every_wire_only_above_64_kib() {
+        let p = RingReduce::scatter(FrameRule::Small, 65_536 / 4, 4, 3, 2);
+        assert_eq!(
+            (p.dirs, p.wires, p.chunk, p.elements),
+            (2, 1, 16_384, 49_152)
+        );
+        assert_eq!(p.spw, 8_192);
+        let p = RingReduce::scatter(FrameRule::Large, 65_536 / 4 + 1, 4, 3, 2);
+        assert_eq!((p.dirs, p.wires), (2, 2));
+        assert_eq!(p.spw, 4_097);
+        assert_eq!(p.frame, 16_384);
+        // Every (direction, wire) slice tiles the shard once.
+        let mut covered = vec![0; p.chunk];
+        for lr in 0..2 {
+            for w in 0..2 {
+                for e in p.slice(1, lr, w) {
+                    covered[e - p.chunk] += 1;
+                }
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1));
     }
 
     #[test]

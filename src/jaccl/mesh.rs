@@ -7,9 +7,12 @@
 //!   same bits. Above that, with more than 2 ranks, a reduce-scatter of R shards, an all-gather
 //!   of the shards, and a fold of the tail of fewer than R elements, each phase with its own
 //!   frame size.
-//! - **sum-scatter**: rank r gets shard r of the reduction. MLX reduces the shards in the order
-//!   they complete, so its float sums change from run to run; here every shard is folded in
-//!   rank order, which is one of MLX's possible results and the same on every run.
+//! - **sum-scatter**: rank r gets shard r of the reduction. MLX seeds it with its own shard
+//!   and reduces the peers' in the order they complete, so its float sums change from run to
+//!   run; here the peers' shards follow in rank order, `((x_r ⊕ x_a) ⊕ x_b) …` with
+//!   `a < b < …`, which is one of MLX's possible results (the one its polls, over the peers
+//!   in rank order, give when every shard has arrived) and the same on every run. The
+//!   scatter-gather all-reduce's shards are folded so too.
 //! - **all-gather** and **send/recv** to any peer.
 //!
 //! # Wires
@@ -143,13 +146,17 @@ struct Gather<'d> {
 }
 
 /// Runs the fold exchanges of `jobs` (at most one per wire) as one step, job i in lane i, and
-/// returns each job's fold `((x₀ ⊕ x₁) ⊕ x₂) …`. MLX folds shards in the order they complete;
-/// rank order is one of its results.
+/// returns each job's fold: `((x₀ ⊕ x₁) ⊕ x₂) …` for whole inputs, MLX's small all-reduce;
+/// `((x_r ⊕ x_a) ⊕ x_b) …` with `a < b < …` the peers, for this rank's shard `r` of a
+/// sum-scatter. MLX folds shards in the order they complete, its own first; this order is one
+/// of its results (rank order is not: with 3 ranks or more, rank 2's
+/// `(x₀ ⊕ x₁) ⊕ x₂` is none of MLX's).
 ///
 /// A lane holds a slot per peer only, (R−1)·n bytes for blocks of n, and the fold runs in
-/// rank 0's slot; rank 0, whose block is not in a slot, folds into the lane's accumulator (n
-/// more bytes). So a fold takes at most R·n bytes of scratch (2 ranks: 2n on rank 0, n on
-/// rank 1), besides the staging frames. A round of empty jobs moves nothing.
+/// rank 0's slot; rank 0, whose block is not in a slot, and every rank's shard fold, use the
+/// lane's accumulator (n more bytes). So a fold takes at most R·n bytes of scratch (2 ranks:
+/// 2n on rank 0, n on rank 1), besides the staging frames. A round of empty jobs moves
+/// nothing.
 fn fold_round<'s, F: Fabric + ?Sized>(
     fabric: &mut F,
     mesh: &MeshTopology,
@@ -205,8 +212,10 @@ fn fold_round<'s, F: Fabric + ?Sized>(
         .collect())
 }
 
-/// The rank-order fold of one job whose exchange is done, into rank 0's slot (or, on rank 0,
-/// the accumulator).
+/// The fold of one job whose exchange is done: a fold of whole inputs (`stride` 0) in rank
+/// order, into rank 0's slot (or, on rank 0, the accumulator); a fold of this rank's shards
+/// (a sum-scatter, `stride` > 0) as MLX's `sum_scatter` seeds it, with this rank's own shard,
+/// then the peers' in rank order, in the accumulator.
 fn fold_lane<'s>(
     mesh: &MeshTopology,
     reducer: Reducer,
@@ -218,6 +227,16 @@ fn fold_lane<'s>(
     acc.clear();
     if n == 0 {
         return &[];
+    }
+    if job.stride > 0 {
+        // MLX reduces each peer's shard into its own as the messages complete; its polls go
+        // over the peers in rank order, so this order is the one it takes when every shard
+        // has arrived, and one of its results in any case.
+        acc.extend_from_slice(job.block(mesh.rank));
+        for x in received.chunks(n) {
+            reducer.apply(acc, x);
+        }
+        return acc;
     }
     let (fold, rest): (&mut [u8], &[u8]) = if mesh.rank == 0 {
         acc.extend_from_slice(job.block(0));
@@ -416,7 +435,8 @@ pub fn all_reduce<F: Fabric + ?Sized>(
 }
 
 /// MLX's `sum_scatter` (with any reduction): `input` holds R shards of `output.len()` bytes;
-/// rank r's `output` becomes the reduction of shard r over every rank, folded in rank order.
+/// rank r's `output` becomes the reduction of shard r over every rank: its own shard, then
+/// the peers' in rank order (one of MLX's results).
 /// With several wires, wire w carries the same range of every shard (MLX's stride).
 ///
 /// # Panics

@@ -69,7 +69,7 @@
 //!   [`Fabric`](crate::fabric::Fabric): the mesh's all-reduce (a rank-order fold; reduce-scatter,
 //!   all-gather and tail above 32 KiB with more than 2 ranks), sum-scatter, all-gather and
 //!   send/recv to any peer, each cut across the mesh's wires from 512 KiB on; the ring's all-reduce (one direction of one wire below MLX's
-//!   thresholds, else two directions of every wire), all-gather and neighbour send/recv. Every
+//!   thresholds, else two directions of every wire), sum-scatter, all-gather and neighbour send/recv. Every
 //!   message is a whole frame, as many per queue pair as MLX sends.
 //! - [`comm`]: [`JacclCommunicator`], the `nuvec_core` communicator over any fabric: checked
 //!   arguments, a deadline per operation, errors naming the peer, a sticky failure.
@@ -95,14 +95,20 @@
 //!   is failed at the deadline. `JACCL_PROGRESS_TIMEOUT_S` (or `MLX_JACCL_PROGRESS_TIMEOUT_S`,
 //!   as MLX's PR #4530 names it) bounds every wait without progress too.
 //! - **Deterministic sum-scatter.** MLX reduces the shards of its `sum_scatter` (and of the large
-//!   mesh all-reduce) in the order messages complete, so float sums vary from run to run; here
-//!   they fold in rank order, one of MLX's possible results, the same on every run and rank.
+//!   mesh all-reduce) into the rank's own shard in the order messages complete, so float sums
+//!   vary from run to run; here the peers' shards follow the own one in rank order, one of
+//!   MLX's possible results (checked against MLX 0.32.4's own `mesh_impl.h`:
+//!   `tests/processes/jaccl_mlx.rs`), the same on every run and rank.
 //! - **Wires in step.** MLX 0.32.4 runs each wire of a multi-wire mesh on a thread of its own
 //!   (`dispatch_wires`), so one wire may be a phase ahead of another; here the wires of an
 //!   operation advance phase by phase together (one fabric step per phase). What each queue
 //!   pair carries, and in which order, is MLX's; only when a wire posts its next phase's
 //!   receives can differ, which matters, as between MLX's own ranks, only to UC's drop rule.
-//! - **Not implemented**: the ring's `reduce_scatter` (MLX's JACCL ring `sum_scatter`).
+//! - **Both-NaN sums.** When both operands of a float addition are NaN, which NaN MLX's loop
+//!   returns depends on how its compiler laid the loop out; here it is always the received
+//!   one ([`reduce`](crate::reduce)'s docs). The mixed jobs allow exactly that (an element NaN
+//!   on both sides, where two or more of its inputs are NaN or infinite), and give MLX's code
+//!   only 0/1 booleans (another byte in a C++ `bool` is undefined behaviour).
 //!
 //! # What is verified
 //!
@@ -125,8 +131,22 @@
 //!   error completions, silent deaths and strict UC drops ending in errors naming a peer
 //!   (`tests/processes/jaccl.rs`, `tests/processes/jaccl_rdma.rs`, `tests/processes/launch.rs`); multi-wire meshes
 //!   of 2 to 8 ranks, every wire on devices of its own (`tests/processes/jaccl_wires.rs`).
-//! - **Not verified**: the RDMA fabric on Thunderbolt hardware, interoperation with MLX's C++
-//!   JACCL, and the layout of Apple's `ibv_gid` in [`Destination`].
+//! - Against MLX 0.32.4's own algorithm code, over the software RDMA provider
+//!   (`tests/processes/jaccl_mlx.rs`): ranks compiled from the wheel's JACCL headers,
+//!   unchanged (`mesh_impl.h`, `ring_impl.h`, `reduction_ops.h` and the posting and polling
+//!   inline in `rdma.h`; the bring-up, side channel and group glue the wheel does not ship
+//!   are the test's own, from the reference), mixed with Rust ranks in jobs started by
+//!   `nuvec-launch`: meshes of 2–4 ranks over 1–2 wires and rings of 2–4 ranks over 1–2
+//!   wires, every collective (sum-scatter included) and dtype, sizes either side of every
+//!   threshold, both frame rules. Every rank's bits and every queue pair's messages (the
+//!   provider's log: sizes, order, count) equal those of a job whose ranks all run MLX's code,
+//!   but for the two documented differences above (the mesh's completion order, both-NaN
+//!   sums). What it found: the rank-order fold of the sum-scatter's shards (and of the large
+//!   mesh all-reduce's) was none of MLX's results from rank 2 on, and the ring sum-scatter was
+//!   missing; both are now MLX's.
+//! - **Not verified**: the RDMA fabric on Thunderbolt hardware, MLX's JACCL as Apple builds it
+//!   (its `libjaccl.dylib`, arm64's NaN rules, native half types), and the layout of Apple's
+//!   `ibv_gid` in [`Destination`].
 
 #[cfg(feature = "jaccl")]
 pub mod budget;

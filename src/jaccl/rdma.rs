@@ -49,8 +49,9 @@
 //!   path, the teardown, and faults (`tests/processes/jaccl_rdma.rs`).
 //! - In CI, the type check of the feature for `aarch64-apple-darwin`, and the verbs structs
 //!   against rdma-core's header.
-//! - **Not verified**: Apple's hardware and its `verbs.h`; interoperation with MLX's C++
-//!   peers.
+//! - In CI, interoperation with ranks built from MLX 0.32.4's own JACCL headers over the same
+//!   provider, bit for bit and message for message (`tests/processes/jaccl_mlx.rs`).
+//! - **Not verified**: Apple's hardware and its `verbs.h`; MLX's own `libjaccl.dylib`.
 
 use std::time::{Duration, Instant};
 

@@ -13,6 +13,14 @@
 //!   included. Received slices are reduced into place as `mine ⊕ received`.
 //! - **all-gather**: direction 0 carries the first half of every block and direction 1 the
 //!   second, each cut across the wires ([`RingGather`]), over R−1 steps.
+//! - **sum-scatter** (MLX's `reduce_scatter`): the R shards are the chunks, each cut into a
+//!   slice per (direction, wire) ([`RingReduce::scatter`]: one wire up to 64 KiB of shard);
+//!   over R−1 steps direction 0 passes to the right the partial of shard `r − 1 − k` and
+//!   direction 1 to the left that of shard `r + 1 + k`, both converging on shard r. A
+//!   received partial is combined as `received ⊕ mine` (MLX's operand order here, the reverse
+//!   of the all-reduce's), so shard c's elements of direction 0 fold as
+//!   `((x_{c+1} ⊕ x_{c+2}) ⊕ …) ⊕ x_c` and those of direction 1 as
+//!   `((x_{c−1} ⊕ x_{c−2}) ⊕ …) ⊕ x_c`.
 //! - **send/recv** to a neighbour: C contiguous per-wire pieces.
 //!
 //! Each step is one fabric step; the steps are barriers, as MLX's per-wire steps are.
@@ -129,6 +137,91 @@ pub fn all_reduce<F: Fabric + ?Sized>(
         run_lanes(
             fabric, ring, data, &lanes, plan.frame, count, keep, s, staging, deadline,
         )?;
+    }
+    Ok(())
+}
+
+/// MLX's JACCL ring `sum_scatter` (with any reduction): `input` holds R shards of
+/// `output.len()` bytes; rank r's `output` becomes shard r reduced over every rank, in the
+/// order the [module docs](self) give.
+///
+/// # Panics
+/// If `input.len() != output.len() * R` (the communicator checks it first).
+#[allow(clippy::too_many_arguments)]
+pub fn sum_scatter<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    rule: FrameRule,
+    reducer: Reducer,
+    input: &[u8],
+    output: &mut [u8],
+    scratch: &mut Scratch,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let staging = scratch.staging();
+    let (rank, ranks) = (ring.rank(), ring.size());
+    let n = output.len();
+    assert_eq!(input.len(), n * ranks, "sum_scatter: input size");
+    if ranks < 2 || n == 0 {
+        output.copy_from_slice(&input[rank * n..(rank + 1) * n]);
+        return Ok(());
+    }
+    let s = reducer.element_size();
+    let plan = RingReduce::scatter(rule, n / s, s, ranks, ring.conns());
+    let count = plan.messages_per_step();
+    // Each (direction, wire)'s piece of a shard, in bytes.
+    let pieces: Vec<(usize, usize, Range<usize>)> = (0..2)
+        .flat_map(|lr| (0..plan.wires).map(move |w| (lr, w)))
+        .map(|(lr, w)| {
+            let e = plan.slice(0, lr, w);
+            (lr, w, e.start * s..e.end * s)
+        })
+        .collect();
+    // Each piece's partial, then each piece's landing, `width` bytes apart.
+    let width = plan.spw * s;
+    let lanes_at = pieces.len() * width;
+    let mut work = vec![0u8; 2 * lanes_at];
+    let shard = |delta: isize| (rank as isize + delta).rem_euclid(ranks as isize) as usize * n;
+    for (i, (lr, _, piece)) in pieces.iter().enumerate() {
+        let from = shard(if *lr == 0 { -1 } else { 1 });
+        work[i * width..i * width + piece.len()]
+            .copy_from_slice(&input[from + piece.start..from + piece.end]);
+    }
+    for k in 0..ranks - 1 {
+        let lanes: Vec<Lane> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, (lr, wire, piece))| Lane {
+                lr: *lr,
+                wire: *wire,
+                send: i * width..i * width + piece.len(),
+                recv: lanes_at + i * width..lanes_at + i * width + piece.len(),
+            })
+            .collect();
+        run_lanes(
+            fabric,
+            ring,
+            &mut work,
+            &lanes,
+            plan.frame,
+            count,
+            Keep::Copy,
+            1,
+            staging,
+            deadline,
+        )?;
+        // The new partial: what arrived, combined with this rank's own part of its shard.
+        let (partials, landed) = work.split_at_mut(lanes_at);
+        for (i, (lr, _, piece)) in pieces.iter().enumerate() {
+            let k = k as isize;
+            let mine = shard(if *lr == 0 { -2 - k } else { 2 + k });
+            let partial = &mut partials[i * width..i * width + piece.len()];
+            partial.copy_from_slice(&landed[i * width..i * width + piece.len()]);
+            reducer.apply(partial, &input[mine + piece.start..mine + piece.end]);
+        }
+    }
+    for (i, (_, _, piece)) in pieces.iter().enumerate() {
+        output[piece.clone()].copy_from_slice(&work[i * width..i * width + piece.len()]);
     }
     Ok(())
 }

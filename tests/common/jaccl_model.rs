@@ -61,8 +61,8 @@ fn apply(lane: Lane, op: Reduction, local: &mut [u8], received: &[u8]) {
     }
 }
 
-/// The mesh all-reduce: every element is `((x₀ ⊕ x₁) ⊕ x₂) …` (the fold path, and the shards
-/// and tail of the scatter-gather path all fold in rank order).
+/// The mesh's fold of whole inputs (MLX's `MeshImpl::all_reduce`, and the tail of its
+/// scatter-gather path): every element is `((x₀ ⊕ x₁) ⊕ x₂) …`.
 pub fn mesh_fold(dtype: DType, op: Reduction, inputs: &[Vec<u8>]) -> Vec<u8> {
     let lane = Lane::of(dtype);
     let mut acc = inputs[0].clone();
@@ -70,6 +70,59 @@ pub fn mesh_fold(dtype: DType, op: Reduction, inputs: &[Vec<u8>]) -> Vec<u8> {
         apply(lane, op, &mut acc, x);
     }
     acc
+}
+
+/// The bytes `range` of shard `owner`'s reduction as MLX's `MeshImpl::sum_scatter` folds it on
+/// rank `owner`: the owner's own bytes first, then every peer's in rank order (MLX takes the
+/// peers in the order their messages complete; this is the order its polls, over the peers
+/// in rank order, find them when all have arrived).
+pub fn mesh_owner_fold(
+    dtype: DType,
+    op: Reduction,
+    inputs: &[Vec<u8>],
+    owner: usize,
+    range: std::ops::Range<usize>,
+) -> Vec<u8> {
+    let lane = Lane::of(dtype);
+    let mut acc = inputs[owner][range.clone()].to_vec();
+    for (p, x) in inputs.iter().enumerate() {
+        if p != owner {
+            apply(lane, op, &mut acc, &x[range.clone()]);
+        }
+    }
+    acc
+}
+
+/// Rank `rank`'s result of a mesh sum-scatter of shards of `n` bytes: shard `rank` folded by
+/// its owner ([`mesh_owner_fold`]).
+pub fn mesh_scatter(dtype: DType, op: Reduction, inputs: &[Vec<u8>], rank: usize) -> Vec<u8> {
+    let n = inputs[0].len() / inputs.len();
+    mesh_owner_fold(dtype, op, inputs, rank, rank * n..(rank + 1) * n)
+}
+
+/// The mesh all-reduce over `wires` wires, as MLX 0.32.4's `MeshGroup` cuts it
+/// ([`split_wires`]): a wire's range of more than 32 KiB over more than 2 ranks takes the
+/// scatter-gather path, whose shard `k` (`⌊n/R⌋` elements of the range each) rank `k` folds
+/// ([`mesh_owner_fold`]) and whose tail folds in rank order; any other range folds in rank
+/// order ([`mesh_fold`]).
+pub fn mesh_all_reduce(dtype: DType, op: Reduction, inputs: &[Vec<u8>], wires: usize) -> Vec<u8> {
+    let (r, s) = (inputs.len(), dtype.size());
+    let e = inputs[0].len() / s;
+    let mut out = mesh_fold(dtype, op, inputs);
+    if r > 2 {
+        for (_, at, n) in split_wires(e * s, e, wires) {
+            if n * s > 32 * 1024 {
+                let shard = n / r;
+                for owner in 0..r {
+                    let start = (at + owner * shard) * s;
+                    let range = start..start + shard * s;
+                    out[range.clone()]
+                        .copy_from_slice(&mesh_owner_fold(dtype, op, inputs, owner, range));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The ring all-reduce plan: (directions, wires, chunk, spw, frame, messages per step).
@@ -188,6 +241,79 @@ pub fn ring_reduce_messages(m: &mut Messages, large: bool, r: usize, c: usize, e
             }
         }
     }
+}
+
+/// The ring sum-scatter's plan (MLX's `RingImpl::reduce_scatter`) for shards of `e` elements
+/// of `s` bytes: (wires, spw, frame, messages per step and (direction, wire)). Always two
+/// directions; one wire when `e·s ≤ 65536` or `R·e < 2RC`, else C; `spw = ⌈e/(2·wires)⌉`.
+pub fn ring_scatter_plan(
+    large: bool,
+    e: usize,
+    s: usize,
+    r: usize,
+    c: usize,
+) -> (usize, usize, usize, usize) {
+    let wires = if e * s <= 65536 || e * r < 2 * r * c {
+        1
+    } else {
+        c
+    };
+    let spw = ceildiv(e, 2 * wires);
+    let f = frame(large, spw * s);
+    (wires, spw, f, ceildiv(spw, f / s))
+}
+
+/// Appends the messages of a ring sum-scatter of shards of `e` elements of `s` bytes: per step
+/// (R−1 of them) and per (direction, wire), the plan's message count.
+pub fn ring_scatter_messages(
+    m: &mut Messages,
+    large: bool,
+    r: usize,
+    c: usize,
+    e: usize,
+    s: usize,
+) {
+    if e == 0 {
+        return;
+    }
+    let (wires, _, f, n_steps) = ring_scatter_plan(large, e, s, r, c);
+    for rank in 0..r {
+        for w in 0..wires {
+            push(m, rank, right(rank, r, w), (r - 1) * n_steps, f);
+            push(m, rank, left(rank, r, c, w), (r - 1) * n_steps, f);
+        }
+    }
+}
+
+/// Rank `rank`'s result of a ring sum-scatter (shards of `inputs[k].len() / R` bytes) over C
+/// wires: an element of shard `rank` in direction 0's region (the first `wires·spw` elements)
+/// is `((x_{r+1} ⊕ x_{r+2}) ⊕ …) ⊕ x_r`, one in direction 1's `((x_{r−1} ⊕ x_{r−2}) ⊕ …) ⊕ x_r`:
+/// each rank combines what it receives as `received ⊕ mine`.
+pub fn ring_scatter(
+    large: bool,
+    dtype: DType,
+    op: Reduction,
+    c: usize,
+    inputs: &[Vec<u8>],
+    rank: usize,
+) -> Vec<u8> {
+    let (lane, r, s) = (Lane::of(dtype), inputs.len(), dtype.size());
+    let n = inputs[0].len() / r;
+    let e = n / s;
+    let (wires, spw, _, _) = ring_scatter_plan(large, e, s, r, c);
+    let split = (wires * spw).min(e) * s;
+    let shard = |k: usize| &inputs[k][rank * n..(rank + 1) * n];
+    let mut out = Vec::with_capacity(n);
+    for (range, step) in [(0..split, 1), (split..n, r - 1)] {
+        let first = (rank + step) % r;
+        let mut acc = shard(first)[range.clone()].to_vec();
+        for i in 2..=r {
+            let q = (rank + i * step) % r;
+            apply(lane, op, &mut acc, &shard(q)[range.clone()]);
+        }
+        out.extend_from_slice(&acc);
+    }
+    out
 }
 
 /// Appends the messages of a ring all-gather of `n` bytes per rank (PR #4443's layout).

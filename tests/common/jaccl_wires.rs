@@ -113,15 +113,13 @@ pub fn inputs(seed: u64, ranks: usize, ops: &[WireOp]) -> Vec<Vec<Vec<u8>>> {
         .collect()
 }
 
-/// The model's result of operation `op` on rank `rank` given every rank's input.
-pub fn result(op: &WireOp, rank: usize, ins: &[Vec<u8>]) -> Vec<u8> {
+/// The model's result of operation `op` on rank `rank` of a mesh of `wires` wires given every
+/// rank's input.
+pub fn result(op: &WireOp, rank: usize, wires: usize, ins: &[Vec<u8>]) -> Vec<u8> {
     let r = ins.len();
     match *op {
-        WireOp::Reduce { op, dtype, .. } => jaccl_model::mesh_fold(dtype, op, ins),
-        WireOp::Scatter { op, dtype, n } => {
-            let s = dtype.size();
-            jaccl_model::mesh_fold(dtype, op, ins)[rank * n * s..(rank + 1) * n * s].to_vec()
-        }
+        WireOp::Reduce { op, dtype, .. } => jaccl_model::mesh_all_reduce(dtype, op, ins, wires),
+        WireOp::Scatter { op, dtype, .. } => jaccl_model::mesh_scatter(dtype, op, ins, rank),
         WireOp::Gather { .. } => ins.concat(),
         WireOp::SendRecv { shift, .. } => ins[(rank + r - shift) % r].clone(),
     }

@@ -140,7 +140,7 @@ fn dtypes(group: &Group) {
                 let want = if ring {
                     jaccl_model::ring_fold(large, dtype, op, wires, &inputs)
                 } else {
-                    jaccl_model::mesh_fold(dtype, op, &inputs)
+                    jaccl_model::mesh_all_reduce(dtype, op, &inputs, 1)
                 };
                 assert!(got == want, "{op:?} of {n} {dtype:?}: not the model's bits");
                 println!("HASH {op:?} {dtype:?} {n} {:016x}", hash(&got));

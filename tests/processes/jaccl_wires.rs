@@ -114,7 +114,7 @@ fn a_multi_wire_rank_runs_its_operations() {
             }
         }
         .unwrap_or_else(|e| panic!("rank {rank} op {i} ({op:?}): {e}"));
-        let want = jaccl_wires::result(op, rank, &ins);
+        let want = jaccl_wires::result(op, rank, wires, &ins);
         assert!(
             got == want,
             "rank {rank} op {i} ({op:?}): not the model's bits"

@@ -7,6 +7,8 @@
 //!   multi-wire mesh; [`jaccl_dead_peer`]: killed and stopped JACCL ranks;
 //! - [`jaccl_rdma`]: the RDMA fabric's availability, bring-up and hardware exchange (feature
 //!   `jaccl`, over the software RDMA provider);
+//! - [`jaccl_mlx`]: mixed JACCL jobs of ranks built from MLX 0.32.4's own headers and Rust
+//!   ranks (feature `jaccl`, over the software RDMA provider);
 //! - [`launch`]: `nuvec-launch`, and its environment against `mlx.launch`'s;
 //! - [`examples`]: the examples as the README runs them;
 //! - [`threads`]: the ring with its ranks as threads;
@@ -22,6 +24,7 @@ mod common;
 mod examples;
 mod jaccl;
 mod jaccl_dead_peer;
+mod jaccl_mlx;
 mod jaccl_rdma;
 mod jaccl_wires;
 mod launch;

@@ -71,7 +71,7 @@ enum Op {
     Gather {
         n: usize,
     },
-    /// Sum-scatter of shards of `n` elements (mesh only).
+    /// Sum-scatter of shards of `n` elements.
     Scatter {
         op: Reduction,
         dtype: DType,
@@ -159,7 +159,7 @@ fn random_op(rng: &mut ChaCha8Rng, topo: Topo, ranks: usize) -> Op {
         6 | 7 => Op::Gather {
             n: threshold_count(rng, ranks, wires, 1).min(40_000),
         },
-        8 if topo == Topo::Mesh => Op::Scatter {
+        8 => Op::Scatter {
             op,
             dtype,
             n: threshold_count(rng, 1, 1, dtype.size()).min(12_000),
@@ -187,7 +187,7 @@ fn case(ops: usize, kind: u8, faulty: bool) -> impl Strategy<Value = Case> {
     )
         .prop_map(move |(seed, ranks, wires, mesh, large)| {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let topo = if mesh || kind == 2 {
+            let topo = if mesh {
                 Topo::Mesh
             } else {
                 Topo::Ring { wires }
@@ -295,7 +295,7 @@ fn expected(case: &Case, inputs: &[Vec<Vec<u8>>]) -> (Vec<Vec<Vec<u8>>>, Message
                 let value = match case.topo {
                     Topo::Mesh => {
                         jaccl_model::mesh_reduce_messages(&mut messages, large, r, n, s);
-                        jaccl_model::mesh_fold(dtype, op, ins)
+                        jaccl_model::mesh_all_reduce(dtype, op, ins, 1)
                     }
                     Topo::Ring { wires } => {
                         jaccl_model::ring_reduce_messages(&mut messages, large, r, wires, n, s);
@@ -306,11 +306,20 @@ fn expected(case: &Case, inputs: &[Vec<Vec<u8>>]) -> (Vec<Vec<Vec<u8>>>, Message
             }
             Op::Scatter { op, dtype, n } => {
                 let s = dtype.size();
-                jaccl_model::mesh_gather_messages(&mut messages, large, r, n * s);
-                let total = jaccl_model::mesh_fold(dtype, op, ins);
-                (0..r)
-                    .map(|k| total[k * n * s..(k + 1) * n * s].to_vec())
-                    .collect()
+                match case.topo {
+                    Topo::Mesh => {
+                        jaccl_model::mesh_gather_messages(&mut messages, large, r, n * s);
+                        (0..r)
+                            .map(|k| jaccl_model::mesh_scatter(dtype, op, ins, k))
+                            .collect()
+                    }
+                    Topo::Ring { wires } => {
+                        jaccl_model::ring_scatter_messages(&mut messages, large, r, wires, n, s);
+                        (0..r)
+                            .map(|k| jaccl_model::ring_scatter(large, dtype, op, wires, ins, k))
+                            .collect()
+                    }
+                }
             }
             Op::Gather { n } => {
                 match case.topo {

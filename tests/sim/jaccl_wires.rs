@@ -82,7 +82,7 @@ fn check_mesh(ranks: usize, wires: usize) {
             panic!("{name}: rank {rank}: {outcome:?}");
         };
         for (i, (run, op)) in runs.iter().zip(&ops).enumerate() {
-            let want = jaccl_wires::result(op, rank, &ins[i]);
+            let want = jaccl_wires::result(op, rank, wires, &ins[i]);
             match run {
                 Ok(got) => assert!(
                     *got == want,
@@ -183,7 +183,7 @@ fn faulty_large_all_reduce(fault: Fault) -> Vec<(usize, String)> {
             Outcome::Returned(runs) => match &runs[0] {
                 Ok(got) => {
                     assert!(
-                        *got == jaccl_wires::result(&op, rank, &ins[0]),
+                        *got == jaccl_wires::result(&op, rank, 2, &ins[0]),
                         "rank {rank} returned wrong data"
                     );
                 }

@@ -38,6 +38,8 @@ pub(crate) struct Config {
     pub(crate) die_after: Option<u64>,
     /// Where `ibv_close_device` appends its accounting line (`NUVEC_VERBS_EMU_LEDGER`).
     pub(crate) ledger: Option<PathBuf>,
+    /// Where every queue pair's messages are logged (`NUVEC_VERBS_EMU_TRACE`, see `trace`).
+    pub(crate) trace: Option<PathBuf>,
     /// What becomes of a message that finds no receive posted (`NUVEC_VERBS_EMU_UNEXPECTED`).
     pub(crate) unexpected: Unexpected,
     /// How messages travel between processes (`NUVEC_VERBS_EMU_WIRE`).
@@ -107,6 +109,13 @@ impl Config {
             }
             Some(path) => Some(PathBuf::from(path)),
         };
+        let trace = match get("NUVEC_VERBS_EMU_TRACE") {
+            None => None,
+            Some(path) if path.is_empty() => {
+                return Err("NUVEC_VERBS_EMU_TRACE must be a file path, not empty".to_owned());
+            }
+            Some(path) => Some(PathBuf::from(path)),
+        };
         let unexpected = match get("NUVEC_VERBS_EMU_UNEXPECTED").as_deref() {
             None | Some("") | Some("hold") => Unexpected::Hold,
             Some("drop") => Unexpected::Drop,
@@ -142,6 +151,7 @@ impl Config {
             fail_wr,
             die_after,
             ledger,
+            trace,
         })
     }
 }
@@ -244,6 +254,7 @@ mod tests {
         assert_eq!(config.fail_wr, None);
         assert_eq!(config.die_after, None);
         assert_eq!(config.ledger, None);
+        assert_eq!(config.trace, None);
         assert_eq!(config.wire, WireChoice::Unix);
     }
 
@@ -272,6 +283,7 @@ mod tests {
             ("NUVEC_VERBS_EMU_FAIL_WR", "0"),
             ("NUVEC_VERBS_EMU_DIE_AFTER", "x"),
             ("NUVEC_VERBS_EMU_LEDGER", ""),
+            ("NUVEC_VERBS_EMU_TRACE", ""),
             ("NUVEC_VERBS_EMU_WIRE", "udp"),
             ("NUVEC_VERBS_EMU_WIRE", "tcp:0.0.0.0"),
             ("NUVEC_VERBS_EMU_WIRE", "tcp:198.18.0.300"),
@@ -291,6 +303,7 @@ mod tests {
             ("NUVEC_VERBS_EMU_FAIL_WR", "3"),
             ("NUVEC_VERBS_EMU_DIE_AFTER", "9"),
             ("NUVEC_VERBS_EMU_LEDGER", "ledger.txt"),
+            ("NUVEC_VERBS_EMU_TRACE", "trace.txt"),
         ])
         .unwrap();
         assert_eq!(config.devices, ["rdma_en3", "rdma_en5"]);
@@ -300,6 +313,7 @@ mod tests {
         assert_eq!(config.fail_wr, Some(3));
         assert_eq!(config.die_after, Some(9));
         assert_eq!(config.ledger, Some(PathBuf::from("ledger.txt")));
+        assert_eq!(config.trace, Some(PathBuf::from("trace.txt")));
     }
 
     #[test]

@@ -21,6 +21,7 @@ use core::ffi::c_int;
 use nuvec_verbs_abi::*;
 use std::ffi::CString;
 use std::net::Ipv4Addr;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The length of every device's GID table.
@@ -53,6 +54,8 @@ pub(crate) struct Device {
     /// The process's endpoint on this device, bound when it is first opened and kept for the
     /// life of the process.
     endpoint: Mutex<Option<Arc<Endpoint>>>,
+    /// How many queue pairs the process has created on this device (the message log's `qp=`).
+    pub(crate) qps_created: AtomicUsize,
 }
 
 impl Device {
@@ -83,6 +86,7 @@ pub(crate) fn devices() -> Result<&'static [Device], c_int> {
                 // The configuration refuses names with NUL bytes (only printable ASCII).
                 name: CString::new(name.as_bytes()).unwrap_or_default(),
                 endpoint: Mutex::new(None),
+                qps_created: AtomicUsize::new(0),
             })
             .collect()
     }))

@@ -39,6 +39,7 @@
 //! | `NUVEC_VERBS_EMU_UNEXPECTED=hold\|drop` | a message that finds no receive posted is held until one is (default, as Apple's provider appears to) or dropped (InfiniBand's UC) |
 //! | `NUVEC_VERBS_EMU_WIRE=unix\|tcp\|tcp:<address>` | how messages travel: abstract Unix sockets (default, one machine and network namespace), or TCP on the given IPv4 address of this host or (`tcp`) the first one of an interface that is up and not loopback (127.0.0.1 when there is none) |
 //! | `NUVEC_VERBS_EMU_LEDGER=<path>` | each `ibv_close_device` appends `close pid=… device=… qps=… cqs=… mrs=… pds=…` |
+//! | `NUVEC_VERBS_EMU_TRACE=<path>` | the per-queue-pair message log: every send handed to the wire and every message landing in a posted receive appends `send\|recv rank=<MLX_RANK> device=<name> qp=<k> bytes=<n>`, `k` the queue pair's place among those the process created on the device (`trace`), so that two jobs of one shape can be compared queue pair by queue pair |
 //!
 //! A bad value prints a message naming the variable and makes `ibv_get_device_list` return
 //! null with errno `EINVAL`.
@@ -64,6 +65,7 @@ mod faults;
 mod objects;
 mod qp;
 mod qp_state;
+mod trace;
 mod transport;
 
 use core::ffi::{c_char, c_int, c_void};

@@ -22,6 +22,7 @@ use crate::cq::Cq;
 use crate::device::{self, Device};
 use crate::qp::{Pd, Qp, Region};
 use crate::qp_state::PORT_NUM;
+use crate::trace;
 use crate::transport::Endpoint;
 use core::ffi::{c_char, c_int, c_void};
 use nuvec_verbs_abi::*;
@@ -420,7 +421,14 @@ pub(crate) unsafe fn create_qp(
     if on_device >= MAX_QPS {
         return Err(libc::ENOMEM);
     }
-    let endpoint = Arc::clone(&reg.contexts.get(&pd_rec.ctx).ok_or(libc::EINVAL)?.endpoint);
+    let context = reg.contexts.get(&pd_rec.ctx).ok_or(libc::EINVAL)?;
+    let endpoint = Arc::clone(&context.endpoint);
+    let ordinal = context.device.qps_created.fetch_add(1, Ordering::Relaxed);
+    let label = trace::label(
+        &trace::rank(),
+        &context.device.name.to_string_lossy(),
+        ordinal,
+    );
     let qpn = endpoint.next_qpn()?;
     let ptr = leak(ibv_qp {
         context: pd_rec.ctx as *mut ibv_context,
@@ -444,6 +452,7 @@ pub(crate) unsafe fn create_qp(
         Arc::clone(&endpoint),
         cap,
         init.sq_sig_all != 0,
+        label,
     ));
     endpoint.attach(qpn, Arc::clone(&qp));
     reg.qps.insert(ptr, qp);

@@ -36,6 +36,7 @@ use crate::cq::{Cq, Entry, Outstanding};
 use crate::device::{self, MAX_MSG_SZ};
 use crate::faults;
 use crate::qp_state::check_modify;
+use crate::trace;
 use crate::transport::Endpoint;
 use core::ffi::c_int;
 use nuvec_verbs_abi::*;
@@ -164,6 +165,8 @@ pub(crate) struct Qp {
     outstanding: Arc<Outstanding>,
     /// Unsignaled sends since the last signaled one.
     unsignaled: AtomicU32,
+    /// Its name in the message log (`trace`).
+    label: String,
 }
 
 impl Qp {
@@ -179,6 +182,7 @@ impl Qp {
         endpoint: Arc<Endpoint>,
         cap: ibv_qp_cap,
         sig_all: bool,
+        label: String,
     ) -> Qp {
         Qp {
             ptr,
@@ -200,6 +204,7 @@ impl Qp {
             }),
             outstanding: Arc::new(Outstanding::default()),
             unsignaled: AtomicU32::new(0),
+            label,
         }
     }
 
@@ -384,6 +389,7 @@ impl Qp {
                 mtu,
                 imm: with_imm.then_some(wr.imm_data),
             };
+            trace::record(trace::Event::Send, &self.label, total as usize);
             self.endpoint.send(dest, qpn, origin, &parts);
         }
         faults.sent();
@@ -494,6 +500,7 @@ impl Qp {
             rest = &rest[n..];
         }
         drop(regions);
+        trace::record(trace::Event::Recv, &self.label, payload.len());
         self.recv_cq.push(Entry {
             wc: ibv_wc {
                 wr_id: wr.wr_id,
