@@ -8,12 +8,12 @@
 #   bash benches/waits.sh                       # 2 ranks; 4K,64K,1M; 3 rounds
 #   RANKS="2 4" SIZES=4K,1M REPS=5 bash benches/waits.sh
 #
-# Candidates (columns): `adaptive` is the default (src/transport/wait.rs: looks for at most
-# 100 µs, and only while looking pays); `spin N` fixes the look at N µs every time (`--spin`,
-# what NUVEC_DISTRIBUTED_SPIN_US sets). Over TCP a step that stops looking parks in the poll
-# and `spin 0` parks at once; over RDMA there is no completion channel to park on, so it
-# yields the core between polls of its completion queues, and `spin 1000000` polls without
-# ever yielding, as MLX's JACCL does. Over the provider the ranks share the cores with the
+# Candidates (columns): `default` is what a fabric does unless told (over TCP the adaptive
+# wait of src/transport/wait.rs: it looks for at most 100 µs, and not while the core is
+# contended; over RDMA, which has no completion channel to park on, a yield between polls of
+# the completion queues); `spin N` looks (polls at once) for N µs every time first (`--spin`,
+# what NUVEC_DISTRIBUTED_SPIN_US sets), then parks in the poll (TCP; `spin 0` parks at once)
+# or yields between polls (RDMA; `spin 1000000` never yields, as MLX's JACCL polls). Over the provider the ranks share the cores with the
 # provider's own threads, which carry the messages: a stand-in for a busy machine, not a
 # measurement of Thunderbolt.
 #
@@ -53,7 +53,7 @@ devices() {
 # job FABRIC N CANDIDATE REP: one bench job.
 job() {
   local fabric="$1" n="$2" cand="$3" rep="$4" spin=() env=()
-  [ "$cand" = adaptive ] || spin=(--spin "${cand#spin}")
+  [ "$cand" = default ] || spin=(--spin "${cand#spin}")
   case "$fabric" in
     ring) args=(--backend ring) ;;
     jaccl-tcp) args=(--backend jaccl --fabric tcp) ;;
@@ -71,8 +71,8 @@ job() {
 for rep in $(seq 1 "$REPS"); do
   for n in $RANKS; do
     for fabric in ring jaccl-tcp jaccl-rdma; do
-      cands="adaptive spin100 spin0"
-      [ "$fabric" = jaccl-rdma ] && cands="adaptive spin1000000 spin0"
+      cands="default spin100 spin0"
+      [ "$fabric" = jaccl-rdma ] && cands="default spin100 spin1000000"
       for cand in $cands; do job "$fabric" "$n" "$cand" "$rep"; done
     done
   done
@@ -101,7 +101,7 @@ print()
 print("all_sum float32, p50 µs / CPU µs per operation and rank (best of the runs)")
 rows = sorted({k[:3] for k in best})
 for fabric in ("ring", "jaccl-tcp", "jaccl-rdma"):
-    cands = ["adaptive", "spin100", "spin0"] if fabric != "jaccl-rdma" else ["adaptive", "spin1000000", "spin0"]
+    cands = ["default", "spin100", "spin0"] if fabric != "jaccl-rdma" else ["default", "spin100", "spin1000000"]
     names = {"spin1000000": "spin ∞ (MLX)", "spin100": "spin 100", "spin0": "spin 0"}
     print(f"{fabric:>10} {'ranks':>5} {'bytes':>9} " + " ".join(f"{names.get(c, c):>20}" for c in cands))
     for (fab, n, b) in rows:

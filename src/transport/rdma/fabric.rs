@@ -9,7 +9,7 @@ use super::MAX_FRAME;
 use super::queue::{Completed, Completion, Undeliverable};
 use super::queue_pair::Qp;
 use super::verbs::status_name;
-use crate::config::options::{DEFAULT_SPIN, Spin};
+use crate::config::options::Spin;
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Watch, blame,
     most_stuck,
@@ -37,6 +37,9 @@ pub(crate) fn check_transfer(transfer: &Transfer<'_>, exists: bool) -> Option<St
     }
     transfer.check_landing().err()
 }
+
+/// How the fabric waits by default: every poll but the first after a yield.
+const POLL: Spin = Spin::Fixed(Duration::ZERO);
 
 /// MLX's RDMA fabric: UC queue pairs as [message channels](ChannelKind::Message), made by
 /// `jaccl::rdma::connect` (whose docs give the channel numbering).
@@ -81,10 +84,17 @@ pub(crate) fn check_transfer(transfer: &Transfer<'_>, exists: bool) -> Option<St
 ///   unchecked. A provider that refuses immediate data on the first send (`EINVAL` or
 ///   `EOPNOTSUPP`) gets plain SENDs from then on.
 /// - Transfers of no bytes complete at once and move nothing (no message).
-/// - Completions are polled: at once again while looking pays, as MLX always does, and with
-///   the core yielded between polls once it does not (the core is contended, or waits are
-///   long), which MLX never does (see the `wait` module; there is no completion channel to
-///   sleep on, as in MLX's bring-up). The step's deadline is checked against the fabric's
+/// - Completions are polled with the core yielded between polls, where MLX polls without
+///   end: there is no completion channel to sleep on (MLX's bring-up has none), and a thread
+///   that never yields starves whatever else needs the core. Measured with
+///   `benches/waits.sh` over the software provider (whose threads carry the messages on the
+///   same 2 cores, a stand-in for a busy machine), 2-rank mesh all_sum p50, yielding against
+///   polling without end, five runs: 4 KiB 9.1–15.4 µs against 9.3–27 µs, 64 KiB
+///   78–154 µs against 88–140 µs, 1 MiB 1.60–1.70 ms against 2.35–2.48 ms, with less CPU.
+///   An idle core's yield returns within a microsecond. The adaptive look of the `wait`
+///   module, which polls at once for up to 100 µs first, lost to both at 64 KiB
+///   (162–186 µs). [`RdmaFabric::with_spin`] polls at once for a fixed time first.
+/// - The step's deadline is checked against the fabric's
 ///   monotonic clock. When it passes, the step fails with `FailureKind::TimedOut` naming the
 ///   transfer that made the least progress: on UC a dead peer produces no error completion,
 ///   only silence.
@@ -134,18 +144,23 @@ impl RdmaFabric {
             by_peer: vec![Vec::new(); size],
             heard: vec![None; size],
             watch: Watch::default(),
-            waiter: Waiter::new(Spin::Adaptive(DEFAULT_SPIN)),
+            waiter: Waiter::new(POLL),
         }
     }
 
-    /// Makes every step that waits without a completion wait as `spin` says.
+    /// Makes every step that waits without a completion wait as `spin` says: a fixed spin
+    /// polls at once for that long, then yields between polls; the default (adaptive) yields
+    /// between polls from the start (see the type's docs for why).
     pub(crate) fn set_wait(&mut self, spin: Spin) {
-        self.waiter = Waiter::new(spin);
+        self.waiter = Waiter::new(match spin {
+            Spin::Adaptive(_) => POLL,
+            fixed @ Spin::Fixed(_) => fixed,
+        });
     }
 
     /// Makes every step that waits without a completion poll at once for exactly `spin`, and
-    /// only then yield the core between polls (zero yields at once; MLX polls at once
-    /// forever). Without it the wait adapts (the `wait` module).
+    /// only then yield the core between polls (MLX polls at once forever; `Duration::MAX`
+    /// does as MLX). Without it every poll but the first comes after a yield.
     pub fn with_spin(mut self, spin: Duration) -> Self {
         self.set_wait(Spin::Fixed(spin));
         self
