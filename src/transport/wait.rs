@@ -24,7 +24,7 @@
 //!   or the thread was preempted), shows a contended core: the wait parks at once, and so do
 //!   the waits of a hold that follows. The hold is as many waits as parking them costs what
 //!   the late look lost (the gap over [`PARK_COST`], what a parked wait costs more than a
-//!   looking one: a ski-rental rule, never worse than twice the better choice), times a
+//!   looking one: a ski-rental rule, spending on parking what looking just lost), times a
 //!   scale that doubles when looks come late again soon after a hold (fewer looking waits
 //!   than a quarter of that count: the core stays contended, so parking wins) and halves
 //!   when they come late only after at least that many looking waits (contention is rare,
