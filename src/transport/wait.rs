@@ -59,11 +59,14 @@
 //! | 4 | 4 KiB | two busy loops | 80.7 | 5987 | 76.7 | 53.0 |
 //! | 4 | 1 MiB | mlx.launch, two busy loops | 2577 | 6365 | 2910 | 8837 |
 //!
-//! On a busy machine 0.5.0 stays ahead at 4 KiB, as parking at once does not reach it: MLX's
-//! ring, whose bytes this crate must put on the wire, splits even a small all_sum over both
-//! directions of every connection, so each step is two sends and two receives (and up to two
-//! wake-ups) where 0.5.0's is one of each. Keeping the core for a few microseconds after a
-//! wake instead of parking again (tried) made it worse.
+//! On a busy machine 0.5.0 stays ahead at 4 KiB, and parking at once does not reach it. Not
+//! for the wire protocol: below R × 256 KiB MLX's ring runs one sub-reduce in one direction,
+//! so a small step is one send and one receive, as 0.5.0's. Tried, and measured within the
+//! noise of this rule or worse: keeping the core for a few microseconds after a wake instead
+//! of parking again (worse); parking in a blocking receive instead of epoll, as 0.5.0 waits
+//! (one call fewer per wait: the same times); counting only gaps of over 1 or 1.5 ms as late;
+//! a hold that ends early once its parked waits cost more than looking ones did, and looks
+//! that park when they cost more than parked waits did (moving averages of both).
 //!
 //! The RDMA fabric, which cannot park, yields between polls from the first (its docs have the
 //! numbers: over the software provider that beat both this look and MLX's polling without
