@@ -204,33 +204,37 @@ def busbw(launcher, col, n, b):
     v = best.get((launcher, col, n, b))
     return b / (v[0] * 1e-6) / 1e9 * 2 * (n - 1) / n if v else None
 
+def pct(launcher, n, b):
+    rb, wb = busbw(launcher, "raw", n, b), busbw(launcher, "wire", n, b)
+    return f"{100 * rb / wb:.0f}%" if rb and wb else "-"
+
+def table(launcher, title, value, extras):
+    """One table: a row per ranks and size, `value` in every column, then the `extras`
+    (header, width, cell of (ranks, bytes))."""
+    print(f"under {names[launcher]}: {title}")
+    head = f"{'ranks':>5} {'bytes':>10} " + " ".join(f"{c:>10}" for c in cols)
+    print(head + "".join(f" {h:>{w}}" for h, w, _ in extras))
+    for n in map(int, ranks):
+        for s in sizes.split(","):
+            b = parse_bytes(s) // 4 * 4
+            row = f"{n:>5} {b:>10} " + " ".join(f"{value(launcher, c, n, b):>10}" for c in cols)
+            print(row + "".join(f" {f(n, b):>{w}}" for _, w, f in extras))
+
 for launcher in launchers:
     if not any(k[0] == launcher for k in best):
         continue
     print()
-    print(f"under {names[launcher]}: all_sum float32, p50 µs per operation (mean over ranks per iteration; best of the runs)")
-    head = f"{'ranks':>5} {'bytes':>10} " + " ".join(f"{c:>10}" for c in cols)
-    head += f" {'0.5.0/arrays':>13} {'0.5.0/raw':>10} {'mlx/arrays':>11} {'mlx/raw':>8} {'raw %wire':>10}"
-    print(head)
-    for n in map(int, ranks):
-        for s in sizes.split(","):
-            b = parse_bytes(s) // 4 * 4
-            row = f"{n:>5} {b:>10} " + " ".join(f"{cell(launcher, c, n, b):>10}" for c in cols)
-            rb, wb = busbw(launcher, "raw", n, b), busbw(launcher, "wire", n, b)
-            pct = f"{100 * rb / wb:.0f}%" if rb and wb else "-"
-            row += f" {ratio(launcher, '0.5.0', 'arrays', n, b):>13} {ratio(launcher, '0.5.0', 'raw', n, b):>10}"
-            row += f" {ratio(launcher, 'mlx', 'arrays', n, b):>11} {ratio(launcher, 'mlx', 'raw', n, b):>8} {pct:>10}"
-            print(row)
-    print(f"under {names[launcher]}: CPU µs per operation and rank (all threads; of the best run)")
-    head = f"{'ranks':>5} {'bytes':>10} " + " ".join(f"{c:>10}" for c in cols)
-    head += f" {'arrays/0.5.0':>13}"
-    print(head)
-    for n in map(int, ranks):
-        for s in sizes.split(","):
-            b = parse_bytes(s) // 4 * 4
-            row = f"{n:>5} {b:>10} " + " ".join(f"{cpu(launcher, c, n, b):>10}" for c in cols)
-            row += f" {ratio(launcher, 'arrays', '0.5.0', n, b, at=2):>13}"
-            print(row)
+    times = lambda a, b: lambda n, size: ratio(launcher, a, b, n, size)
+    table(launcher, "all_sum float32, p50 µs per operation (mean over ranks per iteration; best of the runs)", cell, [
+        ("0.5.0/arrays", 13, times("0.5.0", "arrays")),
+        ("0.5.0/raw", 10, times("0.5.0", "raw")),
+        ("mlx/arrays", 11, times("mlx", "arrays")),
+        ("mlx/raw", 8, times("mlx", "raw")),
+        ("raw %wire", 10, lambda n, b: pct(launcher, n, b)),
+    ])
+    table(launcher, "CPU µs per operation and rank (all threads; of the best run)", cpu, [
+        ("arrays/0.5.0", 13, lambda n, b: ratio(launcher, "arrays", "0.5.0", n, b, at=2)),
+    ])
     for (l, n), (w, r) in sorted(pingpong.items()):
         if l != launcher:
             continue
