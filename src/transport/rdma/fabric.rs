@@ -292,8 +292,10 @@ impl RdmaFabric {
         // When the step last progressed (or started), for its watch.
         let mut quiet_since = started;
         self.waiter.reset();
+        // When the pass under way began: the clock is read once a pass, after it (the waiter
+        // is always a fixed spin here, which needs no more precision than that).
+        let mut pass = started;
         while remaining > 0 {
-            let pass = self.now();
             let mut progressed = false;
             for qp in self.qps.iter_mut() {
                 if qp.queue.is_idle() {
@@ -443,6 +445,7 @@ impl RdmaFabric {
                     Next::Park => std::thread::yield_now(),
                 }
             }
+            pass = now;
         }
         Ok(())
     }
