@@ -61,12 +61,25 @@
 //!
 //! On a busy machine 0.5.0 stays ahead at 4 KiB, and parking at once does not reach it. Not
 //! for the wire protocol: below R × 256 KiB MLX's ring runs one sub-reduce in one direction,
-//! so a small step is one send and one receive, as 0.5.0's. Tried, and measured within the
-//! noise of this rule or worse: keeping the core for a few microseconds after a wake instead
-//! of parking again (worse); parking in a blocking receive instead of epoll, as 0.5.0 waits
-//! (one call fewer per wait: the same times); counting only gaps of over 1 or 1.5 ms as late;
-//! a hold that ends early once its parked waits cost more than looking ones did, and looks
-//! that park when they cost more than parked waits did (moving averages of both).
+//! so a small step is one send and one receive, as 0.5.0's. Keeping the core for a few
+//! microseconds after a wake instead of parking again (tried) made it worse. Other rules tried
+//! were within the noise of this one; the candidates of a column side by side in one run, 3
+//! rounds each, the range of the p50 (µs), 4 ranks (the rows where the rule matters most):
+//!
+//! | candidate | 1 MiB, nuvec-launch | 1 MiB, mlx.launch | 4 KiB, mlx.launch |
+//! |---|---|---|---|
+//! | this rule | 1480–1567 | 2237–2522 | 64–77 |
+//! | late only past 1.5 ms | 1275–1416 | 2280–2505 | — |
+//! | costs compared (below), late past 0.5 ms | 1404–1622 | 2063–2479 | 89–96 |
+//! | costs compared, late past 1.5 ms | 1071–1361 | 2317–2514 | — |
+//! | look 100 µs | 1230–1398 | 1820–2351 | — |
+//! | 0.5.0 | 1911–2182 | 4230–4865 | 65–69 |
+//!
+//! "Costs compared" keeps moving averages of how long looking waits and the waits of a hold
+//! take, ends a hold once its waits cost more than looking ones did, and starts one when
+//! looking costs more. Parking in a blocking receive instead of epoll, as 0.5.0 waits (a call
+//! fewer per wait), took 136–145 µs for 4 KiB on 4 ranks under `nuvec-launch` where parking in
+//! epoll took 142–147 (both parking at once; 0.5.0: 102–147).
 //!
 //! The RDMA fabric, which cannot park, yields between polls from the first (its docs have the
 //! numbers: over the software provider that beat both this look and MLX's polling without
