@@ -408,7 +408,9 @@ impl TcpFabric {
                     Ok(m) => {
                         moved |= m;
                         if m && t.direction() == Direction::Recv {
-                            self.heard[c.peer] = Some(self.epoch.elapsed());
+                            // When this pass began (one clock read a pass; the watch that
+                            // reads it waits for silences of 100 ms).
+                            self.heard[c.peer] = Some(pass);
                         }
                     }
                     Err(e) => return Err(failure(t, p.done, &e)),
@@ -421,7 +423,7 @@ impl TcpFabric {
                 return Ok(());
             }
             if moved {
-                quiet_since = self.now();
+                quiet_since = pass;
                 self.waiter.moved(pass);
                 continue;
             }
