@@ -3,7 +3,9 @@
 //! operations that covers every collective and every dtype on both sides of 32 KiB (the mesh
 //! all-reduce's choice, made per wire) and of 512 KiB (`MESH_MULTI_WIRE_MIN_BYTES`), with
 //! element counts that the wires do not divide; each rank's inputs; and the results and the
-//! messages on every queue pair that `jaccl_model.rs` gives for them.
+//! messages on every queue pair that `jaccl_model.rs` gives for them; and who sends first in
+//! a send/recv where every rank sends to `rank + shift` ([`sends_first`], also the rule of the
+//! mixed jobs' Rust ranks, as of their C++ ranks in `tests/processes/jaccl_mlx/main.cpp`).
 
 use nuvec_core::DType;
 use nuvec_distributed::reduce::Reduction;
@@ -186,4 +188,24 @@ fn kind_of(op: &WireOp) -> u8 {
         WireOp::Scatter { .. } => 2,
         WireOp::SendRecv { .. } => 3,
     }
+}
+
+/// Whether `rank` sends before it receives when every rank sends to `rank + shift`: the ranks
+/// at even positions of its cycle, counted from the cycle's smallest rank (in a cycle of odd
+/// length the last one sends first too, and its receiver, at position 0, is done sending by
+/// then), so that no cycle of blocked sends forms whatever the fabric's buffering.
+pub fn sends_first(rank: usize, size: usize, shift: usize) -> bool {
+    let next = |x: usize| (x + shift) % size;
+    let mut start = rank;
+    let mut x = next(rank);
+    while x != rank {
+        start = start.min(x);
+        x = next(x);
+    }
+    let (mut at, mut position) = (start, 0);
+    while at != rank {
+        at = next(at);
+        position += 1;
+    }
+    position % 2 == 0
 }

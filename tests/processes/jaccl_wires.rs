@@ -103,7 +103,7 @@ fn a_multi_wire_rank_runs_its_operations() {
                 let (dst, src) = ((rank + shift) % size, (rank + size - shift) % size);
                 // Every other rank along the cycle of `r → r + shift` sends first, so that no
                 // cycle of blocked sends forms whatever the fabric's buffering.
-                if sends_first(rank, size, shift) {
+                if jaccl_wires::sends_first(rank, size, shift) {
                     comm.try_send(dst, mine)
                         .and_then(|()| comm.try_recv(src, &mut out))
                 } else {
@@ -122,26 +122,6 @@ fn a_multi_wire_rank_runs_its_operations() {
         println!("OP {i} {op:?} OK");
     }
     println!("WIRES OK {}", ops.len());
-}
-
-/// Whether `rank` sends before it receives when every rank sends to `rank + shift`: the ranks
-/// at even positions of its cycle, counted from the cycle's smallest rank (in a cycle of odd
-/// length the last one sends first too, and its receiver, at position 0, is done sending by
-/// then).
-fn sends_first(rank: usize, size: usize, shift: usize) -> bool {
-    let next = |x: usize| (x + shift) % size;
-    let mut start = rank;
-    let mut x = next(rank);
-    while x != rank {
-        start = start.min(x);
-        x = next(x);
-    }
-    let (mut at, mut position) = (start, 0);
-    while at != rank {
-        at = next(at);
-        position += 1;
-    }
-    position % 2 == 0
 }
 
 /// The device file of a mesh of `ranks` ranks with `wires` cables per pair, in the list form

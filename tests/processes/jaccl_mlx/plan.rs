@@ -1,6 +1,6 @@
 //! The plans of the mixed JACCL jobs: the operations of a job's shape, every rank's inputs,
-//! the device file, and what both kinds of rank agree on (MLX's dtype codes, the digest, who
-//! sends first).
+//! the device file, and what both kinds of rank agree on (MLX's dtype codes, the digest; who
+//! sends first is `tests/common/jaccl_wires.rs`'s `sends_first`).
 
 use crate::common::{mlx_model::Lane, values};
 
@@ -280,24 +280,6 @@ pub(super) fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// Whether `rank` sends before it receives when every rank sends to `rank + shift` (the even
-/// positions of its cycle from its smallest rank), as the C++ ranks decide.
-pub(super) fn sends_first(rank: usize, size: usize, shift: usize) -> bool {
-    let next = |x: usize| (x + shift) % size;
-    let mut start = rank;
-    let mut x = next(rank);
-    while x != rank {
-        start = start.min(x);
-        x = next(x);
-    }
-    let (mut at, mut position) = (start, 0);
-    while at != rank {
-        at = next(at);
-        position += 1;
-    }
-    position % 2 == 0
 }
 
 /// A plan written to a directory: the operations and every rank's inputs.
