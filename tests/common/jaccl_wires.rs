@@ -3,11 +3,15 @@
 //! operations that covers every collective and every dtype on both sides of 32 KiB (the mesh
 //! all-reduce's choice, made per wire) and of 512 KiB (`MESH_MULTI_WIRE_MIN_BYTES`), with
 //! element counts that the wires do not divide; each rank's inputs; and the results and the
-//! messages on every queue pair that `jaccl_model.rs` gives for them; and who sends first in
-//! a send/recv where every rank sends to `rank + shift` ([`sends_first`], also the rule of the
-//! mixed jobs' Rust ranks, as of their C++ ranks in `tests/processes/jaccl_mlx/main.cpp`).
+//! messages on every queue pair that `jaccl_model.rs` gives for them; one rank's run of an
+//! operation on a [`JacclCommunicator`] ([`run`]); and who sends first in a send/recv where
+//! every rank sends to `rank + shift` ([`sends_first`], also the rule of the mixed jobs' Rust
+//! ranks, as of their C++ ranks in `tests/processes/jaccl_mlx/main.cpp`).
 
 use nuvec_core::DType;
+use nuvec_distributed::Error;
+use nuvec_distributed::fabric::Fabric;
+use nuvec_distributed::jaccl::JacclCommunicator;
 use nuvec_distributed::reduce::Reduction;
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -124,6 +128,60 @@ pub fn result(op: &WireOp, rank: usize, wires: usize, ins: &[Vec<u8>]) -> Vec<u8
         WireOp::Scatter { op, dtype, .. } => jaccl_model::mesh_scatter(dtype, op, ins, rank),
         WireOp::Gather { .. } => ins.concat(),
         WireOp::SendRecv { shift, .. } => ins[(rank + r - shift) % r].clone(),
+    }
+}
+
+/// Which half of a send/recv a rank does first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOrder {
+    /// Every rank sends, then receives: on the simulator's message channels a send completes
+    /// once its message has left, whoever receives it.
+    SendFirst,
+    /// The ranks at even positions of their cycle send first, the others receive first
+    /// ([`sends_first`]): over sockets and queue pairs, whose sends may wait for a receiver.
+    Alternating,
+}
+
+/// Rank `rank`'s run of `op` on `comm`, a mesh of `size` ranks, with `mine` its input: the
+/// result the rank holds afterwards.
+pub fn run<F: Fabric>(
+    comm: &JacclCommunicator<F>,
+    op: &WireOp,
+    rank: usize,
+    size: usize,
+    mine: &[u8],
+    order: SendOrder,
+) -> Result<Vec<u8>, Error> {
+    match *op {
+        WireOp::Reduce { op, dtype, .. } => {
+            let mut data = mine.to_vec();
+            comm.try_all_reduce(op, dtype, &mut data).map(|()| data)
+        }
+        WireOp::Scatter { op, dtype, n } => {
+            let mut out = vec![0u8; n * dtype.size()];
+            comm.try_sum_scatter(op, dtype, mine, &mut out)
+                .map(|()| out)
+        }
+        WireOp::Gather { n } => {
+            let mut out = vec![0u8; n * size];
+            comm.try_all_gather(mine, &mut out).map(|()| out)
+        }
+        WireOp::SendRecv { shift, n } => {
+            let mut out = vec![0u8; n];
+            let (dst, src) = ((rank + shift) % size, (rank + size - shift) % size);
+            let send_first = match order {
+                SendOrder::SendFirst => true,
+                SendOrder::Alternating => sends_first(rank, size, shift),
+            };
+            if send_first {
+                comm.try_send(dst, mine)
+                    .and_then(|()| comm.try_recv(src, &mut out))
+            } else {
+                comm.try_recv(src, &mut out)
+                    .and_then(|()| comm.try_send(dst, mine))
+            }
+            .map(|()| out)
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use nuvec_distributed::fabric::Fabric;
 use nuvec_distributed::jaccl::{self, Config, FrameRule, JacclCommunicator, SideChannel};
 
-use jaccl_wires::WireOp;
+use jaccl_wires::{SendOrder, WireOp};
 
 const CHILD_TEST: &str = concat!(module_path!(), "::a_multi_wire_rank_runs_its_operations");
 /// How many operations of the matrix a job runs (all of them when 0).
@@ -83,37 +83,8 @@ fn a_multi_wire_rank_runs_its_operations() {
         let ins: Vec<Vec<u8>> = (0..size)
             .map(|r| jaccl_wires::input(SEED, i, r, size, op))
             .collect();
-        let mine = &ins[rank];
-        let got = match *op {
-            WireOp::Reduce { op, dtype, .. } => {
-                let mut data = mine.clone();
-                comm.try_all_reduce(op, dtype, &mut data).map(|()| data)
-            }
-            WireOp::Scatter { op, dtype, n } => {
-                let mut out = vec![0u8; n * dtype.size()];
-                comm.try_sum_scatter(op, dtype, mine, &mut out)
-                    .map(|()| out)
-            }
-            WireOp::Gather { n } => {
-                let mut out = vec![0u8; n * size];
-                comm.try_all_gather(mine, &mut out).map(|()| out)
-            }
-            WireOp::SendRecv { shift, n } => {
-                let mut out = vec![0u8; n];
-                let (dst, src) = ((rank + shift) % size, (rank + size - shift) % size);
-                // Every other rank along the cycle of `r → r + shift` sends first, so that no
-                // cycle of blocked sends forms whatever the fabric's buffering.
-                if jaccl_wires::sends_first(rank, size, shift) {
-                    comm.try_send(dst, mine)
-                        .and_then(|()| comm.try_recv(src, &mut out))
-                } else {
-                    comm.try_recv(src, &mut out)
-                        .and_then(|()| comm.try_send(dst, mine))
-                }
-                .map(|()| out)
-            }
-        }
-        .unwrap_or_else(|e| panic!("rank {rank} op {i} ({op:?}): {e}"));
+        let got = jaccl_wires::run(&comm, op, rank, size, &ins[rank], SendOrder::Alternating)
+            .unwrap_or_else(|e| panic!("rank {rank} op {i} ({op:?}): {e}"));
         let want = jaccl_wires::result(op, rank, wires, &ins);
         assert!(
             got == want,
