@@ -9,7 +9,7 @@
 //!   of a job's output; [`venv`]: the MLX venv.
 //! - [`mlx_model`], [`jaccl_model`]: independent models of MLX's ring and JACCL bytes;
 //!   [`values`]: random element values; [`pattern`]: the input pattern the Python MLX ranks
-//!   share.
+//!   share; [`group`]: the sum and gather over a `Group` the split tests check.
 //!
 //! Every binary compiles its own copy of this module and uses only part of it, and rustc's
 //! dead-code analysis is per crate: the simulator's binary never starts a process, the
@@ -23,6 +23,7 @@
 
 pub mod built;
 pub mod emu;
+pub mod group;
 pub mod jaccl_model;
 pub mod jaccl_wires;
 pub mod launcher;

@@ -2,12 +2,12 @@
 //! one process: a mesh split into rows and columns used interleaved with the parent, a split of
 //! a split, and a ring whose sub-group lacks a cable.
 
+use crate::common::group::{gather, sum};
 use crate::common::ports;
 
 use std::time::Duration;
 
-use nuvec_core::Array;
-use nuvec_core::distributed::{self, Group};
+use nuvec_core::distributed::Group;
 use nuvec_distributed::jaccl::{Config, FrameRule};
 use nuvec_distributed::{JacclFabric, Options, connect_jaccl};
 
@@ -51,20 +51,6 @@ fn run_jaccl<T: Send>(size: usize, ring: bool, body: impl Fn(Group) -> T + Sync)
             .map(|h| h.join().expect("rank thread"))
             .collect()
     })
-}
-
-fn sum(group: &Group, values: &[f32]) -> Vec<f32> {
-    let x = Array::from_slice(values, [values.len()]);
-    distributed::all_sum(&x, Some(group))
-        .to_vec::<f32>()
-        .expect("all_sum")
-}
-
-fn gather(group: &Group, value: i32) -> Vec<i32> {
-    let x = Array::from_slice(&[value], [1]);
-    distributed::all_gather(&x, Some(group))
-        .to_vec::<i32>()
-        .expect("all_gather")
 }
 
 #[test]
