@@ -2,8 +2,9 @@
 //! once (`#[path = "../common/mod.rs"] mod common;` from a binary of its own folder) and names
 //! what it uses as `crate::common::…`.
 //!
-//! - [`procs`]: jobs of local processes, each rank this test binary run again; [`ports`]: free
-//!   loopback addresses; [`built`], [`launcher`], [`emu`]: other packages' artifacts (the
+//! - [`procs`]: jobs of local processes, each rank this test binary run again;
+//!   [`rank_threads`]: a job's ranks as threads of this process; [`ports`]: free loopback
+//!   addresses; [`built`], [`launcher`], [`emu`]: other packages' artifacts (the
 //!   `nuvec-launch` binary, the software RDMA provider, the examples) built with the running
 //!   test's profile; [`run`]: one process run to its end with a bound, and the tagged lines
 //!   of a job's output; [`venv`]: the MLX venv.
@@ -31,6 +32,7 @@ pub mod mlx_model;
 pub mod pattern;
 pub mod ports;
 pub mod procs;
+pub mod rank_threads;
 pub mod run;
 pub mod values;
 pub mod venv;

@@ -4,6 +4,7 @@
 
 use crate::common::group::{gather, sum};
 use crate::common::ports;
+use crate::common::rank_threads;
 
 use std::time::Duration;
 
@@ -32,24 +33,13 @@ fn full_matrix(size: usize) -> Vec<Vec<Vec<String>>> {
 fn run_jaccl<T: Send>(size: usize, ring: bool, body: impl Fn(Group) -> T + Sync) -> Vec<T> {
     let coordinator = ports::free_nodes(1, 1)[0][0].clone();
     let options = Options::default().timeout(Duration::from_secs(20));
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..size)
-            .map(|rank| {
-                let (coordinator, options, body) = (&coordinator, &options, &body);
-                s.spawn(move || {
-                    let config = Config::new(rank, full_matrix(size))
-                        .coordinator(coordinator)
-                        .prefer_ring(ring);
-                    let group = connect_jaccl(&config, JacclFabric::Tcp, FrameRule::Small, options)
-                        .expect("connect");
-                    body(group)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    rank_threads::run(size, |rank| {
+        let config = Config::new(rank, full_matrix(size))
+            .coordinator(&coordinator)
+            .prefer_ring(ring);
+        let group =
+            connect_jaccl(&config, JacclFabric::Tcp, FrameRule::Small, &options).expect("connect");
+        body(group)
     })
 }
 

@@ -4,6 +4,7 @@
 
 use crate::common::group::{gather, sum};
 use crate::common::ports;
+use crate::common::rank_threads;
 
 use std::time::{Duration, Instant};
 
@@ -16,17 +17,8 @@ fn run_ring<T: Send>(
     body: impl Fn(RingGroup) -> T + Sync,
 ) -> Vec<T> {
     let nodes = ports::free_nodes(ranks, conns);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..ranks)
-            .map(|rank| {
-                let (nodes, options, body) = (&nodes, &options, &body);
-                s.spawn(move || body(connect_ring(nodes, rank, options).expect("connect")))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    rank_threads::run(ranks, |rank| {
+        body(connect_ring(&nodes, rank, &options).expect("connect"))
     })
 }
 
