@@ -3,7 +3,8 @@
 //! operations that covers every collective and every dtype on both sides of 32 KiB (the mesh
 //! all-reduce's choice, made per wire) and of 512 KiB (`MESH_MULTI_WIRE_MIN_BYTES`), with
 //! element counts that the wires do not divide; each rank's inputs; and the results and the
-//! messages on every queue pair that `jaccl_model.rs` gives for them; one rank's run of an
+//! messages on every queue pair that `jaccl_model.rs` gives for them; the device file of such
+//! a mesh ([`mesh_device_file`], also the mixed jobs' mesh); one rank's run of an
 //! operation on a [`JacclCommunicator`] ([`run`]); and who sends first in a send/recv where
 //! every rank sends to `rank + shift` ([`sends_first`], also the rule of the mixed jobs' Rust
 //! ranks, as of their C++ ranks in `tests/processes/jaccl_mlx/main.cpp`).
@@ -129,6 +130,35 @@ pub fn result(op: &WireOp, rank: usize, wires: usize, ins: &[Vec<u8>]) -> Vec<u8
         WireOp::Gather { .. } => ins.concat(),
         WireOp::SendRecv { shift, .. } => ins[(rank + r - shift) % r].clone(),
     }
+}
+
+/// The device file of a mesh of `ranks` ranks with `wires` cables per pair, in the list form
+/// (a string when one cable): rank i's w-th cable to rank j is a port of its own,
+/// `rdma_en{w·(R−1) + k}` with k the index of j among i's peers, so that every wire of a rank
+/// is on devices of its own.
+pub fn mesh_device_file(ranks: usize, wires: usize) -> String {
+    let rows: Vec<serde_json::Value> = (0..ranks)
+        .map(|i| {
+            (0..ranks)
+                .map(|j| {
+                    if i == j {
+                        return serde_json::Value::Null;
+                    }
+                    let k = if j < i { j } else { j - 1 };
+                    let names: Vec<String> = (0..wires)
+                        .map(|w| format!("rdma_en{}", w * (ranks - 1) + k))
+                        .collect();
+                    if wires == 1 {
+                        names[0].clone().into()
+                    } else {
+                        names.into()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .into()
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
 }
 
 /// Which half of a send/recv a rank does first.

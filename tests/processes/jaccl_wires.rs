@@ -95,35 +95,6 @@ fn a_multi_wire_rank_runs_its_operations() {
     println!("WIRES OK {}", ops.len());
 }
 
-/// The device file of a mesh of `ranks` ranks with `wires` cables per pair, in the list form
-/// (a string when one cable): rank i's w-th cable to rank j is a port of its own,
-/// `rdma_en{w·(R−1) + k}` with k the index of j among i's peers, so that every wire of a rank
-/// is on devices of its own.
-fn device_file(ranks: usize, wires: usize) -> String {
-    let rows: Vec<serde_json::Value> = (0..ranks)
-        .map(|i| {
-            (0..ranks)
-                .map(|j| {
-                    if i == j {
-                        return serde_json::Value::Null;
-                    }
-                    let k = if j < i { j } else { j - 1 };
-                    let names: Vec<String> = (0..wires)
-                        .map(|w| format!("rdma_en{}", w * (ranks - 1) + k))
-                        .collect();
-                    if wires == 1 {
-                        names[0].clone().into()
-                    } else {
-                        names.into()
-                    }
-                })
-                .collect::<Vec<_>>()
-                .into()
-        })
-        .collect();
-    serde_json::Value::Array(rows).to_string()
-}
-
 /// Runs a job of `ranks` ranks over `wires` wires (`count` operations, 0 for all) on `fabric`
 /// (`tcp` or `rdma`) with `frames`, and checks that every rank ran every operation.
 fn wires_job(ranks: usize, wires: usize, count: usize, fabric: &str, frames: &str) {
@@ -131,7 +102,7 @@ fn wires_job(ranks: usize, wires: usize, count: usize, fabric: &str, frames: &st
     let _one_job_at_a_time = procs::exclusive();
     let dir = procs::scratch(&name);
     let devices = dir.join("devices.json");
-    let text = device_file(ranks, wires);
+    let text = jaccl_wires::mesh_device_file(ranks, wires);
     std::fs::write(&devices, &text).expect("write the device file");
     let coordinator = ports::free_nodes(1, 1)[0][0].clone();
     let commands = (0..ranks)
