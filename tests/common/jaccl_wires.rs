@@ -3,9 +3,16 @@
 //! operations that covers every collective and every dtype on both sides of 32 KiB (the mesh
 //! all-reduce's choice, made per wire) and of 512 KiB (`MESH_MULTI_WIRE_MIN_BYTES`), with
 //! element counts that the wires do not divide; each rank's inputs; and the results and the
-//! messages on every queue pair that `jaccl_model.rs` gives for them.
+//! messages on every queue pair that `jaccl_model.rs` gives for them; the device file of such
+//! a mesh ([`mesh_device_file`], also the mixed jobs' mesh); one rank's run of an
+//! operation on a [`JacclCommunicator`] ([`run`]); and who sends first in a send/recv where
+//! every rank sends to `rank + shift` ([`sends_first`], also the rule of the mixed jobs' Rust
+//! ranks, as of their C++ ranks in `tests/processes/jaccl_mlx/main.cpp`).
 
 use nuvec_core::DType;
+use nuvec_distributed::Error;
+use nuvec_distributed::fabric::Fabric;
+use nuvec_distributed::jaccl::JacclCommunicator;
 use nuvec_distributed::reduce::Reduction;
 use rand::{Rng, RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -125,6 +132,89 @@ pub fn result(op: &WireOp, rank: usize, wires: usize, ins: &[Vec<u8>]) -> Vec<u8
     }
 }
 
+/// The device file of a mesh of `ranks` ranks with `wires` cables per pair, in the list form
+/// (a string when one cable): rank i's w-th cable to rank j is a port of its own,
+/// `rdma_en{w·(R−1) + k}` with k the index of j among i's peers, so that every wire of a rank
+/// is on devices of its own.
+pub fn mesh_device_file(ranks: usize, wires: usize) -> String {
+    let rows: Vec<serde_json::Value> = (0..ranks)
+        .map(|i| {
+            (0..ranks)
+                .map(|j| {
+                    if i == j {
+                        return serde_json::Value::Null;
+                    }
+                    let k = if j < i { j } else { j - 1 };
+                    let names: Vec<String> = (0..wires)
+                        .map(|w| format!("rdma_en{}", w * (ranks - 1) + k))
+                        .collect();
+                    if wires == 1 {
+                        names[0].clone().into()
+                    } else {
+                        names.into()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .into()
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+/// Which half of a send/recv a rank does first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOrder {
+    /// Every rank sends, then receives: on the simulator's message channels a send completes
+    /// once its message has left, whoever receives it.
+    SendFirst,
+    /// The ranks at even positions of their cycle send first, the others receive first
+    /// ([`sends_first`]): over sockets and queue pairs, whose sends may wait for a receiver.
+    Alternating,
+}
+
+/// Rank `rank`'s run of `op` on `comm`, a mesh of `size` ranks, with `mine` its input: the
+/// result the rank holds afterwards.
+pub fn run<F: Fabric>(
+    comm: &JacclCommunicator<F>,
+    op: &WireOp,
+    rank: usize,
+    size: usize,
+    mine: &[u8],
+    order: SendOrder,
+) -> Result<Vec<u8>, Error> {
+    match *op {
+        WireOp::Reduce { op, dtype, .. } => {
+            let mut data = mine.to_vec();
+            comm.try_all_reduce(op, dtype, &mut data).map(|()| data)
+        }
+        WireOp::Scatter { op, dtype, n } => {
+            let mut out = vec![0u8; n * dtype.size()];
+            comm.try_sum_scatter(op, dtype, mine, &mut out)
+                .map(|()| out)
+        }
+        WireOp::Gather { n } => {
+            let mut out = vec![0u8; n * size];
+            comm.try_all_gather(mine, &mut out).map(|()| out)
+        }
+        WireOp::SendRecv { shift, n } => {
+            let mut out = vec![0u8; n];
+            let (dst, src) = ((rank + shift) % size, (rank + size - shift) % size);
+            let send_first = match order {
+                SendOrder::SendFirst => true,
+                SendOrder::Alternating => sends_first(rank, size, shift),
+            };
+            if send_first {
+                comm.try_send(dst, mine)
+                    .and_then(|()| comm.try_recv(src, &mut out))
+            } else {
+                comm.try_recv(src, &mut out)
+                    .and_then(|()| comm.try_send(dst, mine))
+            }
+            .map(|()| out)
+        }
+    }
+}
+
 /// The messages of the whole list on every queue pair.
 pub fn messages(ranks: usize, wires: usize, large: bool, ops: &[WireOp]) -> Messages {
     let mut m = Messages::new();
@@ -186,4 +276,24 @@ fn kind_of(op: &WireOp) -> u8 {
         WireOp::Scatter { .. } => 2,
         WireOp::SendRecv { .. } => 3,
     }
+}
+
+/// Whether `rank` sends before it receives when every rank sends to `rank + shift`: the ranks
+/// at even positions of its cycle, counted from the cycle's smallest rank (in a cycle of odd
+/// length the last one sends first too, and its receiver, at position 0, is done sending by
+/// then), so that no cycle of blocked sends forms whatever the fabric's buffering.
+pub fn sends_first(rank: usize, size: usize, shift: usize) -> bool {
+    let next = |x: usize| (x + shift) % size;
+    let mut start = rank;
+    let mut x = next(rank);
+    while x != rank {
+        start = start.min(x);
+        x = next(x);
+    }
+    let (mut at, mut position) = (start, 0);
+    while at != rank {
+        at = next(at);
+        position += 1;
+    }
+    position % 2 == 0
 }

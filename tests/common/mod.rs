@@ -2,14 +2,15 @@
 //! once (`#[path = "../common/mod.rs"] mod common;` from a binary of its own folder) and names
 //! what it uses as `crate::common::…`.
 //!
-//! - [`procs`]: jobs of local processes, each rank this test binary run again; [`ports`]: free
-//!   loopback addresses; [`built`], [`launcher`], [`emu`]: other packages' artifacts (the
+//! - [`procs`]: jobs of local processes, each rank this test binary run again;
+//!   [`rank_threads`]: a job's ranks as threads of this process; [`ports`]: free loopback
+//!   addresses; [`built`], [`launcher`], [`emu`]: other packages' artifacts (the
 //!   `nuvec-launch` binary, the software RDMA provider, the examples) built with the running
 //!   test's profile; [`run`]: one process run to its end with a bound, and the tagged lines
 //!   of a job's output; [`venv`]: the MLX venv.
 //! - [`mlx_model`], [`jaccl_model`]: independent models of MLX's ring and JACCL bytes;
 //!   [`values`]: random element values; [`pattern`]: the input pattern the Python MLX ranks
-//!   share.
+//!   share; [`group`]: the sum and gather over a `Group` the split tests check.
 //!
 //! Every binary compiles its own copy of this module and uses only part of it, and rustc's
 //! dead-code analysis is per crate: the simulator's binary never starts a process, the
@@ -23,6 +24,7 @@
 
 pub mod built;
 pub mod emu;
+pub mod group;
 pub mod jaccl_model;
 pub mod jaccl_wires;
 pub mod launcher;
@@ -30,6 +32,7 @@ pub mod mlx_model;
 pub mod pattern;
 pub mod ports;
 pub mod procs;
+pub mod rank_threads;
 pub mod run;
 pub mod values;
 pub mod venv;

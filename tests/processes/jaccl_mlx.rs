@@ -25,9 +25,10 @@ mod build;
 mod compare;
 mod plan;
 
+use crate::common::jaccl_wires::sends_first;
 use crate::common::{emu, launcher, run};
 use compare::Ran;
-use plan::{Op, Plan, Shape, fnv1a, sends_first};
+use plan::{Op, Plan, Shape, fnv1a};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

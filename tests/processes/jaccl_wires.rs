@@ -17,7 +17,7 @@ use std::time::Duration;
 use nuvec_distributed::fabric::Fabric;
 use nuvec_distributed::jaccl::{self, Config, FrameRule, JacclCommunicator, SideChannel};
 
-use jaccl_wires::WireOp;
+use jaccl_wires::{SendOrder, WireOp};
 
 const CHILD_TEST: &str = concat!(module_path!(), "::a_multi_wire_rank_runs_its_operations");
 /// How many operations of the matrix a job runs (all of them when 0).
@@ -83,37 +83,8 @@ fn a_multi_wire_rank_runs_its_operations() {
         let ins: Vec<Vec<u8>> = (0..size)
             .map(|r| jaccl_wires::input(SEED, i, r, size, op))
             .collect();
-        let mine = &ins[rank];
-        let got = match *op {
-            WireOp::Reduce { op, dtype, .. } => {
-                let mut data = mine.clone();
-                comm.try_all_reduce(op, dtype, &mut data).map(|()| data)
-            }
-            WireOp::Scatter { op, dtype, n } => {
-                let mut out = vec![0u8; n * dtype.size()];
-                comm.try_sum_scatter(op, dtype, mine, &mut out)
-                    .map(|()| out)
-            }
-            WireOp::Gather { n } => {
-                let mut out = vec![0u8; n * size];
-                comm.try_all_gather(mine, &mut out).map(|()| out)
-            }
-            WireOp::SendRecv { shift, n } => {
-                let mut out = vec![0u8; n];
-                let (dst, src) = ((rank + shift) % size, (rank + size - shift) % size);
-                // Every other rank along the cycle of `r → r + shift` sends first, so that no
-                // cycle of blocked sends forms whatever the fabric's buffering.
-                if sends_first(rank, size, shift) {
-                    comm.try_send(dst, mine)
-                        .and_then(|()| comm.try_recv(src, &mut out))
-                } else {
-                    comm.try_recv(src, &mut out)
-                        .and_then(|()| comm.try_send(dst, mine))
-                }
-                .map(|()| out)
-            }
-        }
-        .unwrap_or_else(|e| panic!("rank {rank} op {i} ({op:?}): {e}"));
+        let got = jaccl_wires::run(&comm, op, rank, size, &ins[rank], SendOrder::Alternating)
+            .unwrap_or_else(|e| panic!("rank {rank} op {i} ({op:?}): {e}"));
         let want = jaccl_wires::result(op, rank, wires, &ins);
         assert!(
             got == want,
@@ -124,55 +95,6 @@ fn a_multi_wire_rank_runs_its_operations() {
     println!("WIRES OK {}", ops.len());
 }
 
-/// Whether `rank` sends before it receives when every rank sends to `rank + shift`: the ranks
-/// at even positions of its cycle, counted from the cycle's smallest rank (in a cycle of odd
-/// length the last one sends first too, and its receiver, at position 0, is done sending by
-/// then).
-fn sends_first(rank: usize, size: usize, shift: usize) -> bool {
-    let next = |x: usize| (x + shift) % size;
-    let mut start = rank;
-    let mut x = next(rank);
-    while x != rank {
-        start = start.min(x);
-        x = next(x);
-    }
-    let (mut at, mut position) = (start, 0);
-    while at != rank {
-        at = next(at);
-        position += 1;
-    }
-    position % 2 == 0
-}
-
-/// The device file of a mesh of `ranks` ranks with `wires` cables per pair, in the list form
-/// (a string when one cable): rank i's w-th cable to rank j is a port of its own,
-/// `rdma_en{w·(R−1) + k}` with k the index of j among i's peers, so that every wire of a rank
-/// is on devices of its own.
-fn device_file(ranks: usize, wires: usize) -> String {
-    let rows: Vec<serde_json::Value> = (0..ranks)
-        .map(|i| {
-            (0..ranks)
-                .map(|j| {
-                    if i == j {
-                        return serde_json::Value::Null;
-                    }
-                    let k = if j < i { j } else { j - 1 };
-                    let names: Vec<String> = (0..wires)
-                        .map(|w| format!("rdma_en{}", w * (ranks - 1) + k))
-                        .collect();
-                    if wires == 1 {
-                        names[0].clone().into()
-                    } else {
-                        names.into()
-                    }
-                })
-                .collect::<Vec<_>>()
-                .into()
-        })
-        .collect();
-    serde_json::Value::Array(rows).to_string()
-}
-
 /// Runs a job of `ranks` ranks over `wires` wires (`count` operations, 0 for all) on `fabric`
 /// (`tcp` or `rdma`) with `frames`, and checks that every rank ran every operation.
 fn wires_job(ranks: usize, wires: usize, count: usize, fabric: &str, frames: &str) {
@@ -180,7 +102,7 @@ fn wires_job(ranks: usize, wires: usize, count: usize, fabric: &str, frames: &st
     let _one_job_at_a_time = procs::exclusive();
     let dir = procs::scratch(&name);
     let devices = dir.join("devices.json");
-    let text = device_file(ranks, wires);
+    let text = jaccl_wires::mesh_device_file(ranks, wires);
     std::fs::write(&devices, &text).expect("write the device file");
     let coordinator = ports::free_nodes(1, 1)[0][0].clone();
     let commands = (0..ranks)

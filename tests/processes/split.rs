@@ -8,24 +8,17 @@
 
 #[cfg(feature = "jaccl")]
 use crate::common::emu;
+use crate::common::group::sum;
 use crate::common::ports;
 use crate::common::procs;
 
 use std::time::Duration;
 
-use nuvec_core::Array;
-use nuvec_core::distributed::{self, Group};
+use nuvec_core::distributed::Group;
 
 const CHILD_TEST: &str = concat!(module_path!(), "::a_split_rank_runs_its_scenario");
 /// `pairs`: the ring scenario ([`pairs`]); otherwise the grid ([`grid`]).
 const SCENARIO: &str = "NUVEC_TEST_SPLIT";
-
-fn sum(group: &Group, values: &[f32]) -> Vec<f32> {
-    let x = Array::from_slice(values, [values.len()]);
-    distributed::all_sum(&x, Some(group))
-        .to_vec::<f32>()
-        .expect("all_sum")
-}
 
 /// What rank `r` contributes at `step`, element `i`.
 fn value(r: usize, step: usize, i: usize) -> f32 {

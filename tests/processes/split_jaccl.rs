@@ -2,12 +2,13 @@
 //! one process: a mesh split into rows and columns used interleaved with the parent, a split of
 //! a split, and a ring whose sub-group lacks a cable.
 
+use crate::common::group::{gather, sum};
 use crate::common::ports;
+use crate::common::rank_threads;
 
 use std::time::Duration;
 
-use nuvec_core::Array;
-use nuvec_core::distributed::{self, Group};
+use nuvec_core::distributed::Group;
 use nuvec_distributed::jaccl::{Config, FrameRule};
 use nuvec_distributed::{JacclFabric, Options, connect_jaccl};
 
@@ -32,39 +33,14 @@ fn full_matrix(size: usize) -> Vec<Vec<Vec<String>>> {
 fn run_jaccl<T: Send>(size: usize, ring: bool, body: impl Fn(Group) -> T + Sync) -> Vec<T> {
     let coordinator = ports::free_nodes(1, 1)[0][0].clone();
     let options = Options::default().timeout(Duration::from_secs(20));
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..size)
-            .map(|rank| {
-                let (coordinator, options, body) = (&coordinator, &options, &body);
-                s.spawn(move || {
-                    let config = Config::new(rank, full_matrix(size))
-                        .coordinator(coordinator)
-                        .prefer_ring(ring);
-                    let group = connect_jaccl(&config, JacclFabric::Tcp, FrameRule::Small, options)
-                        .expect("connect");
-                    body(group)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    rank_threads::run(size, |rank| {
+        let config = Config::new(rank, full_matrix(size))
+            .coordinator(&coordinator)
+            .prefer_ring(ring);
+        let group =
+            connect_jaccl(&config, JacclFabric::Tcp, FrameRule::Small, &options).expect("connect");
+        body(group)
     })
-}
-
-fn sum(group: &Group, values: &[f32]) -> Vec<f32> {
-    let x = Array::from_slice(values, [values.len()]);
-    distributed::all_sum(&x, Some(group))
-        .to_vec::<f32>()
-        .expect("all_sum")
-}
-
-fn gather(group: &Group, value: i32) -> Vec<i32> {
-    let x = Array::from_slice(&[value], [1]);
-    distributed::all_gather(&x, Some(group))
-        .to_vec::<i32>()
-        .expect("all_gather")
 }
 
 #[test]

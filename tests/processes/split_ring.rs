@@ -2,12 +2,12 @@
 //! process: rows and columns of a grid used interleaved with the parent, keys, a split of a
 //! split, authentication, bad arguments, and a rank that never splits (as a Python MLX rank).
 
+use crate::common::group::{gather, sum};
 use crate::common::ports;
+use crate::common::rank_threads;
 
 use std::time::{Duration, Instant};
 
-use nuvec_core::Array;
-use nuvec_core::distributed::{self, Group};
 use nuvec_distributed::{Options, RingGroup, connect_ring};
 
 fn run_ring<T: Send>(
@@ -17,38 +17,13 @@ fn run_ring<T: Send>(
     body: impl Fn(RingGroup) -> T + Sync,
 ) -> Vec<T> {
     let nodes = ports::free_nodes(ranks, conns);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..ranks)
-            .map(|rank| {
-                let (nodes, options, body) = (&nodes, &options, &body);
-                s.spawn(move || body(connect_ring(nodes, rank, options).expect("connect")))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    rank_threads::run(ranks, |rank| {
+        body(connect_ring(&nodes, rank, &options).expect("connect"))
     })
 }
 
 fn options() -> Options {
     Options::default().timeout(Duration::from_secs(20))
-}
-
-/// The sum over `group` of `values`, as float32.
-fn sum(group: &Group, values: &[f32]) -> Vec<f32> {
-    let x = Array::from_slice(values, [values.len()]);
-    distributed::all_sum(&x, Some(group))
-        .to_vec::<f32>()
-        .expect("all_sum")
-}
-
-/// Every rank's `value`, gathered over `group`, as int32.
-fn gather(group: &Group, value: i32) -> Vec<i32> {
-    let x = Array::from_slice(&[value], [1]);
-    distributed::all_gather(&x, Some(group))
-        .to_vec::<i32>()
-        .expect("all_gather")
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The ring over real TCP sockets on loopback, with the ranks as threads of one process.
 
 use crate::common::ports;
+use crate::common::rank_threads;
 
 use std::time::Duration;
 
@@ -15,17 +16,8 @@ fn run_ring<T: Send>(
 ) -> Vec<T> {
     let nodes = ports::free_nodes(ranks, conns);
     let options = Options::default().timeout(Duration::from_secs(20));
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..ranks)
-            .map(|rank| {
-                let (nodes, options, body) = (&nodes, &options, &body);
-                s.spawn(move || body(connect_ring(nodes, rank, options).expect("connect")))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    rank_threads::run(ranks, |rank| {
+        body(connect_ring(&nodes, rank, &options).expect("connect"))
     })
 }
 

@@ -15,7 +15,7 @@ use nuvec_distributed::fabric::Channel;
 use nuvec_distributed::jaccl::{FrameRule, JacclCommunicator};
 use nuvec_fabric_sim::{Fault, Outcome, Report, Sim, SimFabric};
 
-use jaccl_wires::WireOp;
+use jaccl_wires::{SendOrder, WireOp};
 
 /// The timeout of every operation (virtual time).
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,30 +32,8 @@ fn run_ops(sim: &Sim, rule: FrameRule, ops: &[WireOp], ins: &[Vec<Vec<u8>>]) -> 
         ops.iter()
             .zip(ins)
             .map(|(op, ins)| {
-                let mine = &ins[rank];
-                let out = match *op {
-                    WireOp::Reduce { op, dtype, .. } => {
-                        let mut data = mine.clone();
-                        comm.try_all_reduce(op, dtype, &mut data).map(|()| data)
-                    }
-                    WireOp::Scatter { op, dtype, n } => {
-                        let mut out = vec![0u8; n * dtype.size()];
-                        comm.try_sum_scatter(op, dtype, mine, &mut out)
-                            .map(|()| out)
-                    }
-                    WireOp::Gather { n } => {
-                        let mut out = vec![0u8; n * r];
-                        comm.try_all_gather(mine, &mut out).map(|()| out)
-                    }
-                    WireOp::SendRecv { shift, n } => {
-                        let mut out = vec![0u8; n];
-                        let (dst, src) = ((rank + shift) % r, (rank + r - shift) % r);
-                        comm.try_send(dst, mine)
-                            .and_then(|()| comm.try_recv(src, &mut out))
-                            .map(|()| out)
-                    }
-                };
-                out.map_err(|e| e.to_string())
+                jaccl_wires::run(&comm, op, rank, r, &ins[rank], SendOrder::SendFirst)
+                    .map_err(|e| e.to_string())
             })
             .collect()
     })

@@ -1,8 +1,8 @@
 //! The plans of the mixed JACCL jobs: the operations of a job's shape, every rank's inputs,
-//! the device file, and what both kinds of rank agree on (MLX's dtype codes, the digest, who
-//! sends first).
+//! the device file, and what both kinds of rank agree on (MLX's dtype codes, the digest; who
+//! sends first is `tests/common/jaccl_wires.rs`'s `sends_first`).
 
-use crate::common::{mlx_model::Lane, values};
+use crate::common::{jaccl_wires, mlx_model::Lane, values};
 
 use std::path::{Path, PathBuf};
 
@@ -127,12 +127,15 @@ impl Shape {
         )
     }
 
-    /// The device file: a mesh's entry `[i][j]` lists `rdma_en{w·(R−1) + k}` (k the index of
-    /// j among i's peers); a ring's entry towards the right neighbour `rdma_en{w}`, towards
-    /// the left one `rdma_en{C + w}` (with 2 ranks both neighbours are one entry); a string
-    /// when there is one wire.
+    /// The device file: a mesh's is the multi-wire tests' (`mesh_device_file`: entry `[i][j]`
+    /// lists `rdma_en{w·(R−1) + k}`, k the index of j among i's peers); a ring's entry towards
+    /// the right neighbour `rdma_en{w}`, towards the left one `rdma_en{C + w}` (with 2 ranks
+    /// both neighbours are one entry); a string when there is one wire.
     pub(super) fn device_file(&self) -> String {
         let (r, c) = (self.ranks, self.wires);
+        if !self.ring {
+            return jaccl_wires::mesh_device_file(r, c);
+        }
         let entry = |names: Vec<String>| -> serde_json::Value {
             if c == 1 {
                 names[0].clone().into()
@@ -142,27 +145,17 @@ impl Shape {
         };
         let rows: Vec<serde_json::Value> = (0..r)
             .map(|i| {
+                let (left, right) = ((i + r - 1) % r, (i + 1) % r);
                 (0..r)
                     .map(|j| {
-                        if i == j {
-                            return serde_json::Value::Null;
-                        }
-                        if self.ring {
-                            let (left, right) = ((i + r - 1) % r, (i + 1) % r);
-                            if j == right {
-                                entry((0..c).map(|w| format!("rdma_en{w}")).collect())
-                            } else if j == left {
-                                entry((0..c).map(|w| format!("rdma_en{}", c + w)).collect())
-                            } else {
-                                serde_json::Value::Null
-                            }
+                        if j == i {
+                            serde_json::Value::Null
+                        } else if j == right {
+                            entry((0..c).map(|w| format!("rdma_en{w}")).collect())
+                        } else if j == left {
+                            entry((0..c).map(|w| format!("rdma_en{}", c + w)).collect())
                         } else {
-                            let k = if j < i { j } else { j - 1 };
-                            entry(
-                                (0..c)
-                                    .map(|w| format!("rdma_en{}", w * (r - 1) + k))
-                                    .collect(),
-                            )
+                            serde_json::Value::Null
                         }
                     })
                     .collect::<Vec<_>>()
@@ -280,24 +273,6 @@ pub(super) fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// Whether `rank` sends before it receives when every rank sends to `rank + shift` (the even
-/// positions of its cycle from its smallest rank), as the C++ ranks decide.
-pub(super) fn sends_first(rank: usize, size: usize, shift: usize) -> bool {
-    let next = |x: usize| (x + shift) % size;
-    let mut start = rank;
-    let mut x = next(rank);
-    while x != rank {
-        start = start.min(x);
-        x = next(x);
-    }
-    let (mut at, mut position) = (start, 0);
-    while at != rank {
-        at = next(at);
-        position += 1;
-    }
-    position % 2 == 0
 }
 
 /// A plan written to a directory: the operations and every rank's inputs.
