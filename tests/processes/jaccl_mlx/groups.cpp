@@ -59,6 +59,38 @@ void open_queue_pairs(std::vector<Connection>& conns) {
   }
 }
 
+// Every connection's destination, in order, for the side-channel exchange.
+std::vector<Destination> destinations(std::vector<Connection>& conns) {
+  std::vector<Destination> out;
+  for (auto& c : conns) {
+    out.push_back(c.info());
+  }
+  return out;
+}
+
+// Brings a connection's queue pair to RTS towards the peer's destination `to`.
+void ready(Connection& c, const Destination& to) {
+  c.queue_pair_rtr(to);
+  c.queue_pair_rts();
+}
+
+// MLX's dtype dispatch with reduction `Op`: `run(tag, Op<T>{})`, T being `dtype`'s type
+// (`JACCL_GET_TYPE(tag)`), so that a group's member template runs for it.
+template <template <typename> class Op, typename Run>
+void reduce_as(int dtype, Run&& run) {
+  dispatch_all_types(dtype, [&](auto tag) {
+    using T = JACCL_GET_TYPE(tag);
+    run(tag, Op<T>{});
+  });
+}
+
+// A group's barrier: an all-sum of one byte.
+template <typename G>
+void sum_one_byte(G& group) {
+  uint8_t b = 0;
+  group.all_sum(&b, &b, sizeof(b), Dtype::UInt8);
+}
+
 } // namespace
 
 MeshGroup::MeshGroup(
@@ -100,18 +132,15 @@ void MeshGroup::initialize() {
   // One exchange of W·R destinations, wire-major.
   std::vector<Destination> info;
   for (auto& wire : connections_) {
-    for (auto& c : wire) {
-      info.push_back(c.info());
-    }
+    auto of_wire = destinations(wire);
+    info.insert(info.end(), of_wire.begin(), of_wire.end());
   }
   auto all = side_channel_.all_gather(info);
   for (int w = 0; w < n_wires_; w++) {
     for (int p = 0; p < size_; p++) {
-      if (p == rank_) {
-        continue;
+      if (p != rank_) {
+        ready(connections_[w][p], all[p][w * size_ + rank_]);
       }
-      connections_[w][p].queue_pair_rtr(all[p][w * size_ + rank_]);
-      connections_[w][p].queue_pair_rts();
     }
   }
 }
@@ -199,23 +228,20 @@ void MeshGroup::all_reduce(
 }
 
 void MeshGroup::all_sum(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, SumOp<T>{});
+  reduce_as<SumOp>(dtype, [&](auto tag, auto op) {
+    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
   });
 }
 
 void MeshGroup::all_max(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, MaxOp<T>{});
+  reduce_as<MaxOp>(dtype, [&](auto tag, auto op) {
+    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
   });
 }
 
 void MeshGroup::all_min(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, MinOp<T>{});
+  reduce_as<MinOp>(dtype, [&](auto tag, auto op) {
+    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
   });
 }
 
@@ -242,9 +268,8 @@ void MeshGroup::reduce_scatter(
 }
 
 void MeshGroup::sum_scatter(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    reduce_scatter<T>(in, out, n, SumOp<T>{});
+  reduce_as<SumOp>(dtype, [&](auto tag, auto op) {
+    reduce_scatter<JACCL_GET_TYPE(tag)>(in, out, n, op);
   });
 }
 
@@ -263,8 +288,7 @@ void MeshGroup::recv(void* output, size_t n_bytes, int src) {
 }
 
 void MeshGroup::barrier() {
-  uint8_t b = 0;
-  all_sum(&b, &b, sizeof(b), Dtype::UInt8);
+  sum_one_byte(*this);
 }
 
 RingGroup::RingGroup(
@@ -294,28 +318,20 @@ void RingGroup::initialize() {
   open_queue_pairs(left_);
   open_queue_pairs(right_);
   allocate_buffers();
-  for (auto& c : left_) {
-    c.queue_pair_init();
+  for (auto* side : {&left_, &right_}) {
+    for (auto& c : *side) {
+      c.queue_pair_init();
+    }
   }
-  for (auto& c : right_) {
-    c.queue_pair_init();
-  }
-  std::vector<Destination> left_info, right_info;
-  for (auto& c : left_) {
-    left_info.push_back(c.info());
-  }
-  for (auto& c : right_) {
-    right_info.push_back(c.info());
-  }
+  auto left_info = destinations(left_);
+  auto right_info = destinations(right_);
   auto all_left = side_channel_.all_gather(left_info);
   auto all_right = side_channel_.all_gather(right_info);
   int left = (rank_ + size_ - 1) % size_;
   int right = (rank_ + 1) % size_;
   for (int w = 0; w < n_conns_; w++) {
-    left_[w].queue_pair_rtr(all_right[left][w]);
-    left_[w].queue_pair_rts();
-    right_[w].queue_pair_rtr(all_left[right][w]);
-    right_[w].queue_pair_rts();
+    ready(left_[w], all_right[left][w]);
+    ready(right_[w], all_left[right][w]);
   }
 }
 
@@ -365,23 +381,20 @@ void RingGroup::all_reduce(
 }
 
 void RingGroup::all_sum(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, SumOp<T>{});
+  reduce_as<SumOp>(dtype, [&](auto tag, auto op) {
+    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
   });
 }
 
 void RingGroup::all_max(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, MaxOp<T>{});
+  reduce_as<MaxOp>(dtype, [&](auto tag, auto op) {
+    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
   });
 }
 
 void RingGroup::all_min(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, MinOp<T>{});
+  reduce_as<MinOp>(dtype, [&](auto tag, auto op) {
+    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
   });
 }
 
@@ -408,9 +421,8 @@ void RingGroup::reduce_scatter(
 }
 
 void RingGroup::sum_scatter(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    reduce_scatter<T>(in, out, n, SumOp<T>{});
+  reduce_as<SumOp>(dtype, [&](auto tag, auto op) {
+    reduce_scatter<JACCL_GET_TYPE(tag)>(in, out, n, op);
   });
 }
 
@@ -423,8 +435,7 @@ void RingGroup::recv(void* output, size_t n_bytes, int src) {
 }
 
 void RingGroup::barrier() {
-  uint8_t b = 0;
-  all_sum(&b, &b, sizeof(b), Dtype::UInt8);
+  sum_one_byte(*this);
 }
 
 } // namespace jaccl
