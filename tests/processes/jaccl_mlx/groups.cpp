@@ -74,16 +74,6 @@ void ready(Connection& c, const Destination& to) {
   c.queue_pair_rts();
 }
 
-// MLX's dtype dispatch with reduction `Op`: `run(tag, Op<T>{})`, T being `dtype`'s type
-// (`JACCL_GET_TYPE(tag)`), so that a group's member template runs for it.
-template <template <typename> class Op, typename Run>
-void reduce_as(int dtype, Run&& run) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    run(tag, Op<T>{});
-  });
-}
-
 // A group's barrier: an all-sum of one byte.
 template <typename G>
 void sum_one_byte(G& group) {
@@ -92,6 +82,18 @@ void sum_one_byte(G& group) {
 }
 
 } // namespace
+
+// Defines `Group::name`, one of the dtype-taking members the headers declare, as MLX's
+// dtype dispatch to the group's member template `impl<T>` (`all_reduce` or
+// `reduce_scatter`) with reduction `Op<T>`. The eight such members of the two groups differ
+// only in these names (and the members are private, so only a member can call them).
+#define DEFINE_DTYPE_MEMBER(Group, name, impl, Op)                     \
+  void Group::name(const void* in, void* out, size_t n, int dtype) {   \
+    dispatch_all_types(dtype, [&](auto tag) {                          \
+      using T = JACCL_GET_TYPE(tag);                                   \
+      impl<T>(in, out, n, Op<T>{});                                    \
+    });                                                                \
+  }
 
 MeshGroup::MeshGroup(
     int rank,
@@ -227,23 +229,9 @@ void MeshGroup::all_reduce(
   });
 }
 
-void MeshGroup::all_sum(const void* in, void* out, size_t n, int dtype) {
-  reduce_as<SumOp>(dtype, [&](auto tag, auto op) {
-    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
-  });
-}
-
-void MeshGroup::all_max(const void* in, void* out, size_t n, int dtype) {
-  reduce_as<MaxOp>(dtype, [&](auto tag, auto op) {
-    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
-  });
-}
-
-void MeshGroup::all_min(const void* in, void* out, size_t n, int dtype) {
-  reduce_as<MinOp>(dtype, [&](auto tag, auto op) {
-    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
-  });
-}
+DEFINE_DTYPE_MEMBER(MeshGroup, all_sum, all_reduce, SumOp)
+DEFINE_DTYPE_MEMBER(MeshGroup, all_max, all_reduce, MaxOp)
+DEFINE_DTYPE_MEMBER(MeshGroup, all_min, all_reduce, MinOp)
 
 void MeshGroup::all_gather(const void* input, void* output, size_t n_bytes) {
   auto in = static_cast<const char*>(input);
@@ -267,11 +255,7 @@ void MeshGroup::reduce_scatter(
   });
 }
 
-void MeshGroup::sum_scatter(const void* in, void* out, size_t n, int dtype) {
-  reduce_as<SumOp>(dtype, [&](auto tag, auto op) {
-    reduce_scatter<JACCL_GET_TYPE(tag)>(in, out, n, op);
-  });
-}
+DEFINE_DTYPE_MEMBER(MeshGroup, sum_scatter, reduce_scatter, SumOp)
 
 void MeshGroup::send(const void* input, size_t n_bytes, int dst) {
   auto in = static_cast<const char*>(input);
@@ -380,23 +364,9 @@ void RingGroup::all_reduce(
   }
 }
 
-void RingGroup::all_sum(const void* in, void* out, size_t n, int dtype) {
-  reduce_as<SumOp>(dtype, [&](auto tag, auto op) {
-    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
-  });
-}
-
-void RingGroup::all_max(const void* in, void* out, size_t n, int dtype) {
-  reduce_as<MaxOp>(dtype, [&](auto tag, auto op) {
-    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
-  });
-}
-
-void RingGroup::all_min(const void* in, void* out, size_t n, int dtype) {
-  reduce_as<MinOp>(dtype, [&](auto tag, auto op) {
-    all_reduce<JACCL_GET_TYPE(tag)>(in, out, n, op);
-  });
-}
+DEFINE_DTYPE_MEMBER(RingGroup, all_sum, all_reduce, SumOp)
+DEFINE_DTYPE_MEMBER(RingGroup, all_max, all_reduce, MaxOp)
+DEFINE_DTYPE_MEMBER(RingGroup, all_min, all_reduce, MinOp)
 
 void RingGroup::all_gather(const void* input, void* output, size_t n_bytes) {
   ring_.all_gather(
@@ -420,11 +390,7 @@ void RingGroup::reduce_scatter(
   ring_.reduce_scatter(in, out, total, wires, reduce_op);
 }
 
-void RingGroup::sum_scatter(const void* in, void* out, size_t n, int dtype) {
-  reduce_as<SumOp>(dtype, [&](auto tag, auto op) {
-    reduce_scatter<JACCL_GET_TYPE(tag)>(in, out, n, op);
-  });
-}
+DEFINE_DTYPE_MEMBER(RingGroup, sum_scatter, reduce_scatter, SumOp)
 
 void RingGroup::send(const void* input, size_t n_bytes, int dst) {
   ring_.send(static_cast<const char*>(input), n_bytes, dst, n_conns_);
@@ -437,5 +403,7 @@ void RingGroup::recv(void* output, size_t n_bytes, int src) {
 void RingGroup::barrier() {
   sum_one_byte(*this);
 }
+
+#undef DEFINE_DTYPE_MEMBER
 
 } // namespace jaccl
