@@ -101,8 +101,10 @@ pub(crate) use communicator_over_try;
 
 /// The lifecycle methods both communicators offer, forwarded to their [`Core`] field `core`:
 /// `timeout`, `set_timeout`, `failure`, `diagnosis`, `health`, `close`; the two private
-/// ones their operations use, `invalid` and `operate` (whose scratch is `$scratch`); and the
-/// splitter of their field `splitter` (`with_splitter`, `splitter`).
+/// ones their operations use, `invalid` and `operate` (whose scratch is `$scratch`); the
+/// splitter of their field `splitter` (`with_splitter`, `splitter`); and `split_with`, the
+/// one way both build this group's side of a split (their `try_split` says only how a
+/// sub-group's communicator is made of its fabric).
 ///
 /// [`Core`]: super::core::Core
 macro_rules! lifecycle_of_core {
@@ -129,6 +131,35 @@ macro_rules! lifecycle_of_core {
             &self,
         ) -> Option<&std::sync::Arc<dyn $crate::collective::split::Splitter<F>>> {
             self.splitter.as_ref()
+        }
+
+        /// A split of this group ([`split_over`](crate::collective::split::split_over) with
+        /// this group as the parent): `child` makes the sub-group's communicator of the
+        /// sub-group's fabric, which then logs and splits as the fabric says.
+        pub(crate) fn split_with(
+            &self,
+            color: i32,
+            key: i32,
+            child: impl FnOnce(F) -> Self,
+        ) -> Result<std::sync::Arc<dyn nuvec_core::distributed::Communicator>, $crate::error::Error>
+        where
+            F: Send + 'static,
+        {
+            let all_gather = |input: &[u8], output: &mut [u8]| self.try_all_gather(input, output);
+            let parent = $crate::collective::split::Parent {
+                rank: self.core.rank(),
+                size: self.size(),
+                all_gather: &all_gather,
+                splitter: self.splitter(),
+                timeout: self.timeout(),
+            };
+            $crate::collective::split::split_over(&parent, color, key, |sub| {
+                std::sync::Arc::new(
+                    child(sub.fabric)
+                        .with_log(sub.log)
+                        .with_splitter(sub.splitter),
+                )
+            })
         }
 
         fn invalid(&self, op: &'static str, what: String) -> $crate::error::Error {

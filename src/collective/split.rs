@@ -225,8 +225,9 @@ pub(crate) struct Parent<'a, F> {
 }
 
 /// Runs a split on `parent`: all-gathers every rank's `(color, key)`, checks them all and
-/// plans this rank's sub-group, then has the fabric make it. `None`: this rank is alone in its
-/// color.
+/// plans this rank's sub-group, then has the fabric make it, and `child` the sub-group's
+/// communicator over it (each backend its own algorithm). A rank alone in its color gets
+/// [`Alone`].
 ///
 /// # Errors
 /// A bad pair on any rank: `InvalidArgument` on every rank, naming that rank (the parent stays
@@ -237,7 +238,8 @@ pub(crate) fn split_over<F>(
     parent: &Parent<'_, F>,
     color: i32,
     key: i32,
-) -> Result<Option<(Plan, SubFabric<F>)>, Error> {
+    child: impl FnOnce(SubFabric<F>) -> Arc<dyn Communicator>,
+) -> Result<Arc<dyn Communicator>, Error> {
     let Parent {
         rank,
         size,
@@ -272,7 +274,10 @@ pub(crate) fn split_over<F>(
         })
     };
     let made = splitter.sub_fabric(&plan, &mut exchange, parent.timeout)?;
-    Ok(made.map(|sub| (plan, sub)))
+    Ok(match made {
+        None => Arc::new(Alone),
+        Some(sub) => child(sub),
+    })
 }
 
 /// The sub-group of a rank that is alone in its color: every collective is the identity, as

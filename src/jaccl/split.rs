@@ -17,7 +17,7 @@ use nuvec_core::distributed::Communicator;
 use super::comm::{JacclCommunicator, Layout};
 use super::config::Topology;
 use super::tcp;
-use crate::collective::split::{Alone, Exchange, Parent, Plan, Splitter, SubFabric, split_over};
+use crate::collective::split::{Exchange, Plan, Splitter, SubFabric};
 use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::Fabric;
@@ -28,27 +28,10 @@ impl<F: Fabric + Send + 'static> JacclCommunicator<F> {
     /// form a new group of the same algorithm, ordered by `key` (−1: the parent rank), ties by
     /// parent rank. A collective on this group.
     pub fn try_split(&self, color: i32, key: i32) -> Result<Arc<dyn Communicator>, Error> {
-        let layout = self.layout();
-        let all_gather = |input: &[u8], output: &mut [u8]| self.try_all_gather(input, output);
-        let parent = Parent {
-            rank: layout.rank(),
-            size: layout.size(),
-            all_gather: &all_gather,
-            splitter: self.splitter(),
-            timeout: self.timeout(),
-        };
-        Ok(match split_over(&parent, color, key)? {
-            None => Arc::new(Alone),
-            Some((_, sub)) => {
-                let comm = match layout {
-                    Layout::Mesh(_) => {
-                        JacclCommunicator::mesh(sub.fabric, self.rule(), self.timeout())
-                    }
-                    Layout::Ring(r) => {
-                        JacclCommunicator::ring(sub.fabric, r.conns(), self.rule(), self.timeout())
-                    }
-                };
-                Arc::new(comm.with_log(sub.log).with_splitter(sub.splitter))
+        self.split_with(color, key, |fabric| match self.layout() {
+            Layout::Mesh(_) => JacclCommunicator::mesh(fabric, self.rule(), self.timeout()),
+            Layout::Ring(r) => {
+                JacclCommunicator::ring(fabric, r.conns(), self.rule(), self.timeout())
             }
         })
     }

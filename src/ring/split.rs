@@ -21,7 +21,7 @@ use crate::config::options::Spin;
 use nuvec_core::distributed::Communicator;
 
 use super::communicator::RingCommunicator;
-use crate::collective::split::{Alone, Exchange, Parent, Plan, Splitter, SubFabric, split_over};
+use crate::collective::split::{Exchange, Plan, Splitter, SubFabric};
 use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::Fabric;
@@ -34,23 +34,9 @@ impl<F: Fabric + Send + 'static> RingCommunicator<F> {
     /// form a new ring ordered by `key` (−1: the parent rank), ties by parent rank. A
     /// collective on this group: every rank calls it at the same point of its program.
     pub fn try_split(&self, color: i32, key: i32) -> Result<Arc<dyn Communicator>, Error> {
-        let ring = self.topology();
-        let all_gather = |input: &[u8], output: &mut [u8]| self.try_all_gather(input, output);
-        let parent = Parent {
-            rank: ring.rank(),
-            size: ring.size(),
-            all_gather: &all_gather,
-            splitter: self.splitter(),
-            timeout: self.timeout(),
-        };
-        Ok(match split_over(&parent, color, key)? {
-            None => Arc::new(Alone),
-            Some((_, sub)) => {
-                let comm = RingCommunicator::new(sub.fabric, ring.conns(), self.timeout())
-                    .with_log(sub.log)
-                    .with_splitter(sub.splitter);
-                Arc::new(comm)
-            }
+        let conns = self.topology().conns();
+        self.split_with(color, key, |fabric| {
+            RingCommunicator::new(fabric, conns, self.timeout())
         })
     }
 }

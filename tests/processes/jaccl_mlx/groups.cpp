@@ -59,7 +59,41 @@ void open_queue_pairs(std::vector<Connection>& conns) {
   }
 }
 
+// Every connection's destination, in order, for the side-channel exchange.
+std::vector<Destination> destinations(std::vector<Connection>& conns) {
+  std::vector<Destination> out;
+  for (auto& c : conns) {
+    out.push_back(c.info());
+  }
+  return out;
+}
+
+// Brings a connection's queue pair to RTS towards the peer's destination `to`.
+void ready(Connection& c, const Destination& to) {
+  c.queue_pair_rtr(to);
+  c.queue_pair_rts();
+}
+
+// A group's barrier: an all-sum of one byte.
+template <typename G>
+void sum_one_byte(G& group) {
+  uint8_t b = 0;
+  group.all_sum(&b, &b, sizeof(b), Dtype::UInt8);
+}
+
 } // namespace
+
+// Defines `Group::name`, one of the dtype-taking members the headers declare, as MLX's
+// dtype dispatch to the group's member template `impl<T>` (`all_reduce` or
+// `reduce_scatter`) with reduction `Op<T>`. The eight such members of the two groups differ
+// only in these names (and the members are private, so only a member can call them).
+#define DEFINE_DTYPE_MEMBER(Group, name, impl, Op)                     \
+  void Group::name(const void* in, void* out, size_t n, int dtype) {   \
+    dispatch_all_types(dtype, [&](auto tag) {                          \
+      using T = JACCL_GET_TYPE(tag);                                   \
+      impl<T>(in, out, n, Op<T>{});                                    \
+    });                                                                \
+  }
 
 MeshGroup::MeshGroup(
     int rank,
@@ -100,18 +134,15 @@ void MeshGroup::initialize() {
   // One exchange of W·R destinations, wire-major.
   std::vector<Destination> info;
   for (auto& wire : connections_) {
-    for (auto& c : wire) {
-      info.push_back(c.info());
-    }
+    auto of_wire = destinations(wire);
+    info.insert(info.end(), of_wire.begin(), of_wire.end());
   }
   auto all = side_channel_.all_gather(info);
   for (int w = 0; w < n_wires_; w++) {
     for (int p = 0; p < size_; p++) {
-      if (p == rank_) {
-        continue;
+      if (p != rank_) {
+        ready(connections_[w][p], all[p][w * size_ + rank_]);
       }
-      connections_[w][p].queue_pair_rtr(all[p][w * size_ + rank_]);
-      connections_[w][p].queue_pair_rts();
     }
   }
 }
@@ -198,26 +229,9 @@ void MeshGroup::all_reduce(
   });
 }
 
-void MeshGroup::all_sum(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, SumOp<T>{});
-  });
-}
-
-void MeshGroup::all_max(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, MaxOp<T>{});
-  });
-}
-
-void MeshGroup::all_min(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, MinOp<T>{});
-  });
-}
+DEFINE_DTYPE_MEMBER(MeshGroup, all_sum, all_reduce, SumOp)
+DEFINE_DTYPE_MEMBER(MeshGroup, all_max, all_reduce, MaxOp)
+DEFINE_DTYPE_MEMBER(MeshGroup, all_min, all_reduce, MinOp)
 
 void MeshGroup::all_gather(const void* input, void* output, size_t n_bytes) {
   auto in = static_cast<const char*>(input);
@@ -241,12 +255,7 @@ void MeshGroup::reduce_scatter(
   });
 }
 
-void MeshGroup::sum_scatter(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    reduce_scatter<T>(in, out, n, SumOp<T>{});
-  });
-}
+DEFINE_DTYPE_MEMBER(MeshGroup, sum_scatter, reduce_scatter, SumOp)
 
 void MeshGroup::send(const void* input, size_t n_bytes, int dst) {
   auto in = static_cast<const char*>(input);
@@ -263,8 +272,7 @@ void MeshGroup::recv(void* output, size_t n_bytes, int src) {
 }
 
 void MeshGroup::barrier() {
-  uint8_t b = 0;
-  all_sum(&b, &b, sizeof(b), Dtype::UInt8);
+  sum_one_byte(*this);
 }
 
 RingGroup::RingGroup(
@@ -294,28 +302,20 @@ void RingGroup::initialize() {
   open_queue_pairs(left_);
   open_queue_pairs(right_);
   allocate_buffers();
-  for (auto& c : left_) {
-    c.queue_pair_init();
+  for (auto* side : {&left_, &right_}) {
+    for (auto& c : *side) {
+      c.queue_pair_init();
+    }
   }
-  for (auto& c : right_) {
-    c.queue_pair_init();
-  }
-  std::vector<Destination> left_info, right_info;
-  for (auto& c : left_) {
-    left_info.push_back(c.info());
-  }
-  for (auto& c : right_) {
-    right_info.push_back(c.info());
-  }
+  auto left_info = destinations(left_);
+  auto right_info = destinations(right_);
   auto all_left = side_channel_.all_gather(left_info);
   auto all_right = side_channel_.all_gather(right_info);
   int left = (rank_ + size_ - 1) % size_;
   int right = (rank_ + 1) % size_;
   for (int w = 0; w < n_conns_; w++) {
-    left_[w].queue_pair_rtr(all_right[left][w]);
-    left_[w].queue_pair_rts();
-    right_[w].queue_pair_rtr(all_left[right][w]);
-    right_[w].queue_pair_rts();
+    ready(left_[w], all_right[left][w]);
+    ready(right_[w], all_left[right][w]);
   }
 }
 
@@ -364,26 +364,9 @@ void RingGroup::all_reduce(
   }
 }
 
-void RingGroup::all_sum(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, SumOp<T>{});
-  });
-}
-
-void RingGroup::all_max(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, MaxOp<T>{});
-  });
-}
-
-void RingGroup::all_min(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    all_reduce<T>(in, out, n, MinOp<T>{});
-  });
-}
+DEFINE_DTYPE_MEMBER(RingGroup, all_sum, all_reduce, SumOp)
+DEFINE_DTYPE_MEMBER(RingGroup, all_max, all_reduce, MaxOp)
+DEFINE_DTYPE_MEMBER(RingGroup, all_min, all_reduce, MinOp)
 
 void RingGroup::all_gather(const void* input, void* output, size_t n_bytes) {
   ring_.all_gather(
@@ -407,12 +390,7 @@ void RingGroup::reduce_scatter(
   ring_.reduce_scatter(in, out, total, wires, reduce_op);
 }
 
-void RingGroup::sum_scatter(const void* in, void* out, size_t n, int dtype) {
-  dispatch_all_types(dtype, [&](auto tag) {
-    using T = JACCL_GET_TYPE(tag);
-    reduce_scatter<T>(in, out, n, SumOp<T>{});
-  });
-}
+DEFINE_DTYPE_MEMBER(RingGroup, sum_scatter, reduce_scatter, SumOp)
 
 void RingGroup::send(const void* input, size_t n_bytes, int dst) {
   ring_.send(static_cast<const char*>(input), n_bytes, dst, n_conns_);
@@ -423,8 +401,9 @@ void RingGroup::recv(void* output, size_t n_bytes, int src) {
 }
 
 void RingGroup::barrier() {
-  uint8_t b = 0;
-  all_sum(&b, &b, sizeof(b), Dtype::UInt8);
+  sum_one_byte(*this);
 }
+
+#undef DEFINE_DTYPE_MEMBER
 
 } // namespace jaccl
