@@ -1,11 +1,11 @@
-//! JACCL's TCP side channel: the exact bytes against scripted MLX peers, real multi-rank exchanges over loopback, and failures that name the rank within the timeout.
+//! JACCL's TCP side channel: the exact bytes against scripted MLX peers, real multi-rank exchanges over loopback, failures that name the rank within the timeout, and ranks joining MLX's rank 0 with its backlog of 0.
 //!
 //! The scripted peers are an independent byte-level model of MLX's `SideChannel` and
 //! `TCPSocket` (reference §3.3): raw `std::net::TcpStream`s that assert every byte our side
 //! sends and answer with the bytes a C++ peer would send. Records are built here from MLX's
 //! struct layout, not with `Destination::encode`. Only loopback addresses are used.
 //!
-//! About 1000 lines because the scripted peers (the independent model of MLX's side) are
+//! About 1100 lines because the scripted peers (the independent model of MLX's side) are
 //! shared by every test here: the record codec, the gathers, the barrier and bad peers all
 //! drive the same model.
 
@@ -207,6 +207,53 @@ fn rank_one_speaks_mlx_mesh_exchange_and_barrier_byte_for_byte() {
         }
     }
     expect_closed(&mut s);
+}
+
+#[test]
+fn a_rank_says_hello_with_its_first_block_and_nothing_on_connecting() {
+    let (listener, addr) = scripted_coordinator();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let ours = thread::spawn(move || {
+        let mut c = SideChannel::connect(&addr, 1, 2, LONG)?;
+        wait.recv().unwrap();
+        c.all_gather_i32(7)
+    });
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    match s.read(&mut byte) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        other => panic!("a rank that only connected sent {other:?}"),
+    }
+    go.send(()).unwrap();
+    expect(
+        &mut s,
+        &[le(1), le(7)].concat(),
+        "the hello, then the block",
+    );
+    s.write_all(&[le(0), le(7)].concat()).unwrap();
+    assert_eq!(ours.join().unwrap().unwrap(), vec![0, 7]);
+}
+
+#[test]
+fn a_first_all_gather_of_nothing_still_says_hello() {
+    let (listener, addr) = scripted_coordinator();
+    let ours = thread::spawn(move || {
+        let mut c = SideChannel::connect(&addr, 1, 2, LONG)?;
+        let nothing = c.all_gather(&[])?;
+        let four = c.all_gather_i32(4)?;
+        Ok::<_, Error>((nothing, four))
+    });
+    let (mut s, _) = listener.accept().unwrap();
+    expect(&mut s, &le(1), "the hello, sent alone");
+    expect(&mut s, &le(4), "the next block");
+    s.write_all(&[le(0), le(4)].concat()).unwrap();
+    assert_eq!(ours.join().unwrap().unwrap(), (Vec::new(), vec![0, 4]));
 }
 
 #[test]
@@ -1011,4 +1058,74 @@ fn strangers_on_a_jaccl_tcp_listener_do_not_hold_up_the_real_cable() {
     drop((silent, partial));
     connected.unwrap_or_else(|e| panic!("rank 1 after {took:?}: {e}"));
     assert!(took < Duration::from_secs(5), "rank 1 took {took:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// (d) MLX's rank 0 listens with a backlog of 0
+
+/// MLX's rank 0 as it listens and accepts: `SO_REUSEADDR`, a backlog of 0, then R − 1
+/// connections each read for its hello in turn, then one 4-byte all-gather. Returns what it
+/// gathered, and its address.
+fn mlx_backlog_zero_coordinator(size: usize) -> (thread::JoinHandle<Vec<i32>>, String) {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    socket.set_reuse_address(true).unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&any.into()).unwrap();
+    socket.listen(0).unwrap();
+    let listener: TcpListener = socket.into();
+    let addr = listener.local_addr().unwrap().to_string();
+    let coordinator = thread::spawn(move || {
+        let mut slots: Vec<Option<TcpStream>> = (1..size).map(|_| None).collect();
+        for _ in 1..size {
+            let (mut s, _) = listener.accept().unwrap();
+            let hello = read_n(&mut s, 4);
+            let r = i32::from_le_bytes(hello.try_into().unwrap());
+            slots[r as usize - 1] = Some(s);
+        }
+        let mut streams: Vec<TcpStream> = slots.into_iter().map(Option::unwrap).collect();
+        let mut all = le(0).to_vec();
+        for s in &mut streams {
+            all.extend(read_n(s, 4));
+        }
+        for s in &mut streams {
+            s.write_all(&all).unwrap();
+        }
+        all.chunks(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    });
+    (coordinator, addr)
+}
+
+/// Ranks that connect to MLX's rank 0 at once, and start their first all-gather at once, all
+/// get through: with a backlog of 0 the kernel answers with SYN cookies and drops what comes
+/// while the accept queue is full, and a rank that sent its first block after its hello was
+/// reset when the block reached the listener first. The hello now travels in the block's
+/// write. Thirty jobs of four ranks (before, the fault showed in 3 of 30).
+#[test]
+fn ranks_starting_at_once_all_join_mlx_rank_zero_and_its_backlog_of_zero() {
+    let size = 4;
+    for job in 0..30 {
+        let (coordinator, addr) = mlx_backlog_zero_coordinator(size);
+        let results: Vec<_> = thread::scope(|scope| {
+            let ranks: Vec<_> = (1..size)
+                .map(|rank| {
+                    let addr = &addr;
+                    scope.spawn(move || {
+                        let mut c = SideChannel::connect(addr, rank, size, LONG)?;
+                        c.all_gather_i32(10 * rank as i32)
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let expected: Vec<i32> = (0..size as i32).map(|r| 10 * r).collect();
+        for (i, r) in results.into_iter().enumerate() {
+            // On a failure the coordinator thread is left waiting in `accept`; the test ends.
+            let got = r.unwrap_or_else(|e| panic!("job {job}, rank {}: {e}", i + 1));
+            assert_eq!(got, expected, "job {job}, rank {}", i + 1);
+        }
+        assert_eq!(coordinator.join().unwrap(), expected, "job {job}: rank 0");
+    }
 }

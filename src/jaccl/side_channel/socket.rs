@@ -4,7 +4,7 @@
 //!
 //! It may use the operating system's sockets (`std::net`, `mio`, `socket2`), the crate's
 //! [`limits`] (every read and write asks for at most 1 GiB; every deadline saturates) and the
-//! protocol's pure pieces ([`hello`], [`HelloReader`], [`Roster`], [`Stall`]); it knows nothing
+//! protocol's pure pieces ([`HelloReader`], [`Roster`], [`Stall`]); it knows nothing
 //! of all-gathers. Invariants: no call waits past its deadline; a failure names the
 //! coordinator or the peer and what failed; rank 0 never reads past a connection's hello.
 
@@ -17,7 +17,7 @@ use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::protocol::liveness::Look;
-use super::protocol::{HelloReader, Roster, Short, Stall, hello};
+use super::protocol::{HelloReader, Roster, Stall};
 use crate::limits;
 
 /// One read of at most `buf.len()` bytes (and [`limits::MAX_IO`]) before `deadline`: how many
@@ -84,24 +84,40 @@ pub(super) fn look(stream: &TcpStream) -> Look {
     }
 }
 
-/// Writes all of `buf` before `deadline`.
-fn write_by(stream: &mut TcpStream, buf: &[u8], deadline: Instant) -> Result<(), String> {
-    let len = buf.len();
-    let mut done = 0;
-    while done < len {
-        match write_some(stream, &buf[done..], deadline) {
-            Ok(k) => done += k,
-            Err(stall) => {
-                return Err(Short {
-                    stall: &stall,
-                    done,
-                    len,
-                }
-                .to_string());
-            }
+/// One write of what is left of `front` followed by a prefix of `bytes`, before `deadline`:
+/// drains from `front` what of it went and returns how many of `bytes` went (0 while some of
+/// `front` is left). With an empty `front` this is [`write_some`].
+///
+/// This is how a rank other than 0 sends its hello in the same write as its first block (see
+/// the [module docs](super)): on a connection rank 0 has not accepted yet, whatever the
+/// kernel resends then starts at the connection's first byte.
+pub(super) fn write_after(
+    stream: &mut TcpStream,
+    front: &mut Vec<u8>,
+    bytes: &[u8],
+    deadline: Instant,
+) -> Result<usize, Stall> {
+    if front.is_empty() {
+        return write_some(stream, bytes, deadline);
+    }
+    let owed = front.len();
+    front.extend_from_slice(bytes);
+    let sent = write_some(stream, front, deadline);
+    match sent {
+        Ok(k) if k >= owed => {
+            front.clear();
+            Ok(k - owed)
+        }
+        Ok(k) => {
+            front.truncate(owed);
+            front.drain(..k);
+            Ok(0)
+        }
+        Err(stall) => {
+            front.truncate(owed);
+            Err(stall)
         }
     }
-    Ok(())
 }
 
 /// A timed-out or interrupted socket call, to retry until the deadline.
@@ -288,12 +304,11 @@ fn listen(addrs: &[SocketAddr], coordinator: &str) -> Result<TcpListener, String
     ))
 }
 
-/// Other ranks: connects to the coordinator, retrying while rank 0 is not listening yet, and
-/// sends this rank's hello.
+/// Other ranks: connects to the coordinator, retrying while rank 0 is not listening yet. The
+/// hello is not sent here but with the first block ([`write_after`]).
 pub(super) fn connect_to_coordinator(
     addrs: &[SocketAddr],
     coordinator: &str,
-    rank: usize,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<TcpStream, String> {
@@ -307,7 +322,7 @@ pub(super) fn connect_to_coordinator(
                 .saturating_duration_since(Instant::now())
                 .clamp(Duration::from_millis(1), Duration::from_secs(5));
             match TcpStream::connect_timeout(addr, left) {
-                Ok(s) => return send_hello(s, rank, coordinator, deadline),
+                Ok(s) => return Ok(s),
                 Err(e) => last = format!("{addr}: {e}"),
             }
         }
@@ -323,17 +338,4 @@ pub(super) fn connect_to_coordinator(
         std::thread::sleep(wait);
         wait = (wait * 2).min(Duration::from_millis(500));
     }
-}
-
-/// Sends `rank` as MLX's 4-byte little-endian hello.
-fn send_hello(
-    mut stream: TcpStream,
-    rank: usize,
-    coordinator: &str,
-    deadline: Instant,
-) -> Result<TcpStream, String> {
-    let hello = hello(rank)?;
-    write_by(&mut stream, &hello, deadline)
-        .map_err(|s| format!("sending this rank's hello to the coordinator {coordinator}: {s}"))?;
-    Ok(stream)
 }
