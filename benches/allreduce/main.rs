@@ -77,6 +77,8 @@
 //! `benches/compare.sh` and `benches/plot.py` parse) and `sim.rs` (`--fabric sim`).
 
 mod args;
+#[path = "../common/cpu_time.rs"]
+mod cpu_time;
 mod data;
 mod launch;
 mod measure;

@@ -13,7 +13,7 @@
 //! clamp(256 MiB / bytes, 10, 500), warm-up clamp(iters / 10, 2, 50). Rank 0 prints one line
 //! per size: `ROW <impl> <ranks> <bytes> <p50 µs> <p99 µs> <ok|FAIL> <cpu µs>`, the last the CPU
 //! time one operation took on a rank, all its threads, those the operation started and ended
-//! included (`CLOCK_PROCESS_CPUTIME_ID`, as `benches/allreduce/` reads it: 0.5.0 starts a
+//! included (`CLOCK_PROCESS_CPUTIME_ID`, `benches/common/cpu_time.rs`, as `benches/allreduce/` reads it: 0.5.0 starts a
 //! sender thread per step), the mean over ranks and iterations; `nan` where it cannot be read.
 //!
 //! `--impl local` (with the cargo feature `local`) joins with this checkout's crate instead,
@@ -22,6 +22,10 @@
 use std::time::Instant;
 
 use nuvec_core::{Array, distributed};
+
+#[path = "../../common/cpu_time.rs"]
+mod cpu_time;
+use cpu_time::cpu_time;
 
 /// Errors of every kind.
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -57,24 +61,6 @@ fn init(which: &str) -> Result<distributed::Group> {
         )
         .into()),
     }
-}
-
-/// The CPU time this process has run, in seconds: every thread's, those that have exited
-/// included (`CLOCK_PROCESS_CPUTIME_ID`, nanosecond resolution); NaN if the clock cannot be
-/// read. Summing the live threads' times instead (`/proc/self/task/*`) misses the threads an
-/// operation starts and ends, such as nuvec-distributed 0.5.0's per-step sender threads.
-fn cpu_time() -> f64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid, writable `timespec` for the duration of the call, which writes
-    // nothing else.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
-    if rc != 0 {
-        return f64::NAN;
-    }
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 /// Times every size and prints rank 0's rows.
