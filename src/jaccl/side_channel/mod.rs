@@ -29,15 +29,15 @@
 //! - the coordinator socket has `SO_REUSEADDR` but not MLX's `SO_REUSEPORT`, which would let two
 //!   jobs on one port silently split each other's ranks; the listen backlog is 128, not 0;
 //! - other ranks retry connecting until the timeout instead of MLX's 4 attempts over about 15 s;
-//! - another rank sends its hello in the same write as its first all-gather's block, not on
-//!   connecting (the bytes are MLX's, only their segments differ). MLX's rank 0 listens with
-//!   a backlog of 0: when ranks connect at once, Linux answers with SYN cookies and drops what
-//!   arrives while the one accepted connection waits, and a segment that reaches the listener
-//!   before the connection is accepted but does not start at the first byte (the block sent
-//!   after the hello, or the tail-loss probe that carries it past Nagle's algorithm) fails the
-//!   cookie check and the connection is reset (`TcpExtSyncookiesFailed`). With one segment,
-//!   whatever the kernel resends starts at the first byte. So rank 0's `connect` returns once
-//!   every rank has begun its first operation, not merely connected;
+//! - another rank sends its first block only once rank 0 has acknowledged its hello (the bytes
+//!   are MLX's, only their timing differs). MLX's rank 0 listens with a backlog of 0: when
+//!   ranks connect at once, Linux answers with SYN cookies and drops what arrives while the
+//!   one accepted connection waits, and a segment that reaches the listener before the
+//!   connection is accepted but does not start at the first byte (the block sent after the
+//!   hello, or the tail-loss probe that carries it past Nagle's algorithm) fails the cookie
+//!   check and the connection is reset (`TcpExtSyncookiesFailed`), leaving rank 0 waiting for
+//!   that rank. While only the hello is unacknowledged, whatever the kernel resends is the
+//!   hello, which starts at the first byte;
 //! - `TCP_NODELAY` is set (MLX leaves Nagle's algorithm on): only the timing changes;
 //! - the ranks check what they can: that every rank sends as many records, that rank 0 sends
 //!   back this rank's own block unchanged, that barriers carry 0;
@@ -107,9 +107,9 @@ pub struct SideChannel {
     streams: Vec<TcpStream>,
     /// What a receive reads into before the protocol takes it.
     buffer: Vec<u8>,
-    /// What is left to send of this rank's hello: a rank other than 0 sends it in the same
-    /// write as its first block (see the [module docs](self)). Empty on rank 0 and once sent.
-    hello: Vec<u8>,
+    /// A rank other than 0 whose hello rank 0 may not have acknowledged yet: its first send
+    /// waits until it has (see the [module docs](self)).
+    unconfirmed: bool,
 }
 
 impl SideChannel {
@@ -118,9 +118,7 @@ impl SideChannel {
     ///
     /// Rank 0 binds the address (`SO_REUSEADDR`), accepts a connection from every other rank
     /// and reads its rank hello; the others connect, retrying until the timeout while rank 0
-    /// is not listening yet, and send their rank with their first operation's first block
-    /// (see the [module docs](self)), so rank 0 returns once every rank has begun one. A group
-    /// of one rank opens no socket.
+    /// is not listening yet, and send their rank. A group of one rank opens no socket.
     ///
     /// # Errors
     ///
@@ -128,8 +126,8 @@ impl SideChannel {
     /// it; [`Error::Config`] when `coordinator` is not a `"host:port"` that resolves;
     /// [`Error::Connect`] when rank 0 cannot listen, a hello names a rank out of range or one
     /// already connected, a rank has not said hello within the timeout (naming the missing
-    /// ranks and the silent connections), or another rank cannot reach the coordinator within
-    /// the timeout.
+    /// ranks and the silent connections), or another rank cannot reach the coordinator or
+    /// send its hello within the timeout.
     pub fn connect(
         coordinator: &str,
         rank: usize,
@@ -150,14 +148,9 @@ impl SideChannel {
             socket::accept_ranks(&addrs, coordinator, size, deadline, timeout).map_err(fail)?
         } else {
             vec![
-                socket::connect_to_coordinator(&addrs, coordinator, deadline, timeout)
+                socket::connect_to_coordinator(&addrs, coordinator, rank, deadline, timeout)
                     .map_err(fail)?,
             ]
-        };
-        let hello = if rank == 0 || size == 1 {
-            Vec::new()
-        } else {
-            protocol::hello(rank).map_err(fail)?.to_vec()
         };
         for stream in &streams {
             stream
@@ -168,7 +161,7 @@ impl SideChannel {
             protocol,
             streams,
             buffer: Vec::new(),
-            hello,
+            unconfirmed: rank != 0 && size > 1,
         })
     }
 
@@ -339,14 +332,7 @@ impl SideChannel {
         let rank = self.protocol.rank();
         loop {
             let stall = match self.protocol.poll() {
-                Next::Done(result) => {
-                    // An operation that sent nothing (an empty all-gather) still owes rank 0
-                    // the hello, which its connect is waiting for.
-                    if result.is_ok() {
-                        self.send_hello_alone(limits::deadline_in(timeout))?;
-                    }
-                    return result;
-                }
+                Next::Done(result) => return result,
                 Next::Send {
                     peer,
                     bytes,
@@ -355,7 +341,14 @@ impl SideChannel {
                     let deadline = deadline_of(gather);
                     match self.streams.get_mut(link(rank, peer)) {
                         Some(stream) => {
-                            match socket::write_after(stream, &mut self.hello, bytes, deadline) {
+                            let confirmed = if std::mem::take(&mut self.unconfirmed) {
+                                socket::wait_acknowledged(stream, deadline)
+                            } else {
+                                Ok(())
+                            };
+                            match confirmed
+                                .and_then(|()| socket::write_some(stream, bytes, deadline))
+                            {
                                 Ok(k) => {
                                     self.protocol.on_sent(k);
                                     continue;
@@ -368,7 +361,6 @@ impl SideChannel {
                 }
                 Next::Receive { peer, len, gather } => {
                     let deadline = deadline_of(gather);
-                    self.send_hello_alone(deadline)?;
                     let want = len.min(RECEIVE_CHUNK);
                     if self.buffer.len() < want {
                         self.buffer.resize(want, 0);
@@ -389,22 +381,6 @@ impl SideChannel {
             };
             return Err(self.protocol.stalled(stall));
         }
-    }
-
-    /// Sends what is left of the hello on its own, when an operation reaches a receive or its
-    /// end before any send carried it (only an all-gather of nothing does).
-    fn send_hello_alone(&mut self, deadline: Instant) -> Result<(), Error> {
-        let Some(stream) = self.streams.first_mut() else {
-            return Ok(());
-        };
-        let len = self.hello.len();
-        while !self.hello.is_empty() {
-            if let Err(stall) = socket::write_after(stream, &mut self.hello, &[], deadline) {
-                let done = len - self.hello.len();
-                return Err(self.protocol.hello_stalled(stall, done));
-            }
-        }
-        Ok(())
     }
 
     /// An output of another operation's kind (the protocol never gives one).

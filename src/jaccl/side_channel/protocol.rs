@@ -473,25 +473,6 @@ impl Protocol {
         e
     }
 
-    /// Sending this rank's hello, which goes with its first block, stopped for `stall` after
-    /// `done` of its 4 bytes: fails the channel with the error saying so, and returns it.
-    pub fn hello_stalled(&mut self, stall: Stall, done: usize) -> Error {
-        let short = Short {
-            stall: &stall,
-            done,
-            len: 4,
-        };
-        let e = Error::Connect {
-            rank: self.rank,
-            what: format!(
-                "jaccl: side channel: sending this rank's hello to rank 0: {short} (timeout {:?})",
-                self.timeout
-            ),
-        };
-        self.record(&e);
-        e
-    }
-
     /// Ends the operation with the output or the next all-gather once the current one is
     /// complete.
     fn settle(&mut self) {

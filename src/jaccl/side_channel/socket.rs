@@ -4,7 +4,7 @@
 //!
 //! It may use the operating system's sockets (`std::net`, `mio`, `socket2`), the crate's
 //! [`limits`] (every read and write asks for at most 1 GiB; every deadline saturates) and the
-//! protocol's pure pieces ([`HelloReader`], [`Roster`], [`Stall`]); it knows nothing
+//! protocol's pure pieces ([`hello`], [`HelloReader`], [`Roster`], [`Stall`]); it knows nothing
 //! of all-gathers. Invariants: no call waits past its deadline; a failure names the
 //! coordinator or the peer and what failed; rank 0 never reads past a connection's hello.
 
@@ -17,7 +17,7 @@ use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::protocol::liveness::Look;
-use super::protocol::{HelloReader, Roster, Stall};
+use super::protocol::{HelloReader, Roster, Short, Stall, hello};
 use crate::limits;
 
 /// One read of at most `buf.len()` bytes (and [`limits::MAX_IO`]) before `deadline`: how many
@@ -84,40 +84,98 @@ pub(super) fn look(stream: &TcpStream) -> Look {
     }
 }
 
-/// One write of what is left of `front` followed by a prefix of `bytes`, before `deadline`:
-/// drains from `front` what of it went and returns how many of `bytes` went (0 while some of
-/// `front` is left). With an empty `front` this is [`write_some`].
+/// Waits until the peer has acknowledged every byte sent on `stream`, or `deadline` passes.
 ///
-/// This is how a rank other than 0 sends its hello in the same write as its first block (see
-/// the [module docs](super)): on a connection rank 0 has not accepted yet, whatever the
-/// kernel resends then starts at the connection's first byte.
-pub(super) fn write_after(
-    stream: &mut TcpStream,
-    front: &mut Vec<u8>,
-    bytes: &[u8],
-    deadline: Instant,
-) -> Result<usize, Stall> {
-    if front.is_empty() {
-        return write_some(stream, bytes, deadline);
+/// A rank other than 0 calls it before the first block it sends after its hello (see the
+/// [module docs](super)): once rank 0's kernel acknowledges the hello it holds an accepted
+/// connection for it, and nothing sent after can be taken for a forged SYN cookie. No event
+/// says that bytes were acknowledged, so this reads how many the send queue still holds
+/// (`SIOCOUTQ` on Linux, `SO_NWRITE` on macOS) and looks again after 1 ms, then 2, 4, … up
+/// to 50 ms; normally the first look finds none, the hello having gone a round trip before
+/// the bring-up's first exchange. Elsewhere it does not wait.
+pub(super) fn wait_acknowledged(stream: &TcpStream, deadline: Instant) -> Result<(), Stall> {
+    let mut wait = Duration::from_millis(1);
+    loop {
+        if let Some(e) = stream.take_error().map_err(Stall::Io)? {
+            return Err(if is_closed(&e) {
+                Stall::Closed
+            } else {
+                Stall::Io(e)
+            });
+        }
+        if unacknowledged(stream).map_err(Stall::Io)? == 0 {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Stall::TimedOut);
+        }
+        std::thread::sleep(wait.min(left));
+        wait = (wait * 2).min(Duration::from_millis(50));
     }
-    let owed = front.len();
-    front.extend_from_slice(bytes);
-    let sent = write_some(stream, front, deadline);
-    match sent {
-        Ok(k) if k >= owed => {
-            front.clear();
-            Ok(k - owed)
-        }
-        Ok(k) => {
-            front.truncate(owed);
-            front.drain(..k);
-            Ok(0)
-        }
-        Err(stall) => {
-            front.truncate(owed);
-            Err(stall)
+}
+
+/// The bytes written to `stream` that its peer has not acknowledged yet.
+#[cfg(target_os = "linux")]
+fn unacknowledged(stream: &TcpStream) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: the descriptor belongs to `stream`, borrowed for the call, and `SIOCOUTQ`
+    // (`TIOCOUTQ`) writes one `int` to the valid, writable `bytes`.
+    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut bytes) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(bytes).unwrap_or(0))
+}
+
+/// The bytes written to `stream` that its peer has not acknowledged yet.
+#[cfg(target_vendor = "apple")]
+fn unacknowledged(stream: &TcpStream) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut bytes: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the descriptor belongs to `stream`, borrowed for the call; `SO_NWRITE` writes
+    // at most `len` bytes (one `int`) to the valid, writable `bytes` and its size to `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NWRITE,
+            (&raw mut bytes).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(bytes).unwrap_or(0))
+}
+
+/// Elsewhere: not known, so not waited for.
+#[cfg(not(any(target_os = "linux", target_vendor = "apple")))]
+fn unacknowledged(_stream: &TcpStream) -> io::Result<usize> {
+    Ok(0)
+}
+
+/// Writes all of `buf` before `deadline`.
+fn write_by(stream: &mut TcpStream, buf: &[u8], deadline: Instant) -> Result<(), String> {
+    let len = buf.len();
+    let mut done = 0;
+    while done < len {
+        match write_some(stream, &buf[done..], deadline) {
+            Ok(k) => done += k,
+            Err(stall) => {
+                return Err(Short {
+                    stall: &stall,
+                    done,
+                    len,
+                }
+                .to_string());
+            }
         }
     }
+    Ok(())
 }
 
 /// A timed-out or interrupted socket call, to retry until the deadline.
@@ -304,11 +362,12 @@ fn listen(addrs: &[SocketAddr], coordinator: &str) -> Result<TcpListener, String
     ))
 }
 
-/// Other ranks: connects to the coordinator, retrying while rank 0 is not listening yet. The
-/// hello is not sent here but with the first block ([`write_after`]).
+/// Other ranks: connects to the coordinator, retrying while rank 0 is not listening yet, and
+/// sends this rank's hello.
 pub(super) fn connect_to_coordinator(
     addrs: &[SocketAddr],
     coordinator: &str,
+    rank: usize,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<TcpStream, String> {
@@ -322,7 +381,7 @@ pub(super) fn connect_to_coordinator(
                 .saturating_duration_since(Instant::now())
                 .clamp(Duration::from_millis(1), Duration::from_secs(5));
             match TcpStream::connect_timeout(addr, left) {
-                Ok(s) => return Ok(s),
+                Ok(s) => return send_hello(s, rank, coordinator, deadline),
                 Err(e) => last = format!("{addr}: {e}"),
             }
         }
@@ -338,4 +397,17 @@ pub(super) fn connect_to_coordinator(
         std::thread::sleep(wait);
         wait = (wait * 2).min(Duration::from_millis(500));
     }
+}
+
+/// Sends `rank` as MLX's 4-byte little-endian hello.
+fn send_hello(
+    mut stream: TcpStream,
+    rank: usize,
+    coordinator: &str,
+    deadline: Instant,
+) -> Result<TcpStream, String> {
+    let hello = hello(rank)?;
+    write_by(&mut stream, &hello, deadline)
+        .map_err(|s| format!("sending this rank's hello to the coordinator {coordinator}: {s}"))?;
+    Ok(stream)
 }
