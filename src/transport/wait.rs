@@ -81,6 +81,18 @@
 //! fewer per wait), took 136–145 µs for 4 KiB on 4 ranks under `nuvec-launch` where parking in
 //! epoll took 142–147 (both parking at once; 0.5.0: 102–147).
 //!
+//! Where the late looks fall, and why no threshold tells a peer from a busy thread (a count
+//! of every look-to-look gap over 500 µs, the fixed 100 µs look, 4 ranks at 1 MiB, one run):
+//! under `nuvec-launch` 92 % of them are under 1 ms, a peer rank's pass over its segment,
+//! which this rule takes for contention; with two busy loops running, 73 % are over 1.5 ms
+//! and half are 3–6 ms (the scheduler's slice, rounded up to its tick); under `mlx.launch`,
+//! whose own thread is the busy one, 72 % are under 1 ms and nearly all under 2 ms. So
+//! counting only gaps past 1.5 ms spares the first row and misses most of the third, and a
+//! second run of it was mixed again (range of 3 rounds' p50, µs): 1670–1755 against this
+//! rule's 1854–1886 at 1 MiB on 4 ranks under `nuvec-launch` (0.5.0: 2286–2588), but
+//! 3317–3737 against 2636–3407 with two busy loops, and one round of 79 against 17–30 for
+//! 4 KiB on 2 ranks under `mlx.launch`.
+//!
 //! The RDMA fabric, which cannot park, yields between polls from the first (its docs have the
 //! numbers: over the software provider that beat both this look and MLX's polling without
 //! end).
