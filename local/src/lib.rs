@@ -352,8 +352,17 @@ pub fn scratch(name: &str) -> Result<PathBuf, Error> {
         .join(format!("nuvec-local-{}", std::process::id()))
         .join(name);
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(io(|| format!("creating {}", dir.display())))?;
-    Ok(dir)
+    // Another job of this process removes the process's directory once it is empty (as
+    // `Job::run` does when it owns its directory), which can fall between creating that
+    // directory and creating `dir` in it: then both are created again, a few times at most.
+    let mut tries = 0;
+    loop {
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 8 => tries += 1,
+            Err(e) => return Err(io(|| format!("creating {}", dir.display()))(e)),
+        }
+    }
 }
 
 /// `ranks` entries of `conns` free loopback addresses each, as MLX's hostfile lists them.
