@@ -1054,7 +1054,7 @@ fn mlx_backlog_zero_coordinator(size: usize) -> (thread::JoinHandle<Vec<i32>>, S
 /// Ranks that connect to MLX's rank 0 at once, and start their first all-gather at once, all
 /// get through: with a backlog of 0 the kernel answers with SYN cookies and drops what comes
 /// while the accept queue is full, and a rank that sent its first block after its hello was
-/// reset when the block reached the listener first. A rank now sends its block only once
+/// reset when the block reached the listener first. A rank's connect now ends only once
 /// rank 0 has acknowledged its hello. Thirty jobs of four ranks (before, the fault showed in
 /// 3 of 30).
 #[test]

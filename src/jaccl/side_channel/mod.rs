@@ -29,8 +29,8 @@
 //! - the coordinator socket has `SO_REUSEADDR` but not MLX's `SO_REUSEPORT`, which would let two
 //!   jobs on one port silently split each other's ranks; the listen backlog is 128, not 0;
 //! - other ranks retry connecting until the timeout instead of MLX's 4 attempts over about 15 s;
-//! - another rank sends its first block only once rank 0 has acknowledged its hello (the bytes
-//!   are MLX's, only their timing differs). MLX's rank 0 listens with a backlog of 0: when
+//! - another rank's connecting ends only once rank 0 has acknowledged its hello, so its first
+//!   block never leaves before that (the bytes are MLX's, only their timing differs). MLX's rank 0 listens with a backlog of 0: when
 //!   ranks connect at once, Linux answers with SYN cookies and drops what arrives while the
 //!   one accepted connection waits, and a segment that reaches the listener before the
 //!   connection is accepted but does not start at the first byte (the block sent after the
@@ -107,9 +107,6 @@ pub struct SideChannel {
     streams: Vec<TcpStream>,
     /// What a receive reads into before the protocol takes it.
     buffer: Vec<u8>,
-    /// A rank other than 0 whose hello rank 0 may not have acknowledged yet: its first send
-    /// waits until it has (see the [module docs](self)).
-    unconfirmed: bool,
 }
 
 impl SideChannel {
@@ -127,7 +124,7 @@ impl SideChannel {
     /// [`Error::Connect`] when rank 0 cannot listen, a hello names a rank out of range or one
     /// already connected, a rank has not said hello within the timeout (naming the missing
     /// ranks and the silent connections), or another rank cannot reach the coordinator or
-    /// send its hello within the timeout.
+    /// send its hello and see it acknowledged within the timeout.
     pub fn connect(
         coordinator: &str,
         rank: usize,
@@ -161,7 +158,6 @@ impl SideChannel {
             protocol,
             streams,
             buffer: Vec::new(),
-            unconfirmed: rank != 0 && size > 1,
         })
     }
 
@@ -340,22 +336,13 @@ impl SideChannel {
                 } => {
                     let deadline = deadline_of(gather);
                     match self.streams.get_mut(link(rank, peer)) {
-                        Some(stream) => {
-                            let confirmed = if std::mem::take(&mut self.unconfirmed) {
-                                socket::wait_acknowledged(stream, deadline)
-                            } else {
-                                Ok(())
-                            };
-                            match confirmed
-                                .and_then(|()| socket::write_some(stream, bytes, deadline))
-                            {
-                                Ok(k) => {
-                                    self.protocol.on_sent(k);
-                                    continue;
-                                }
-                                Err(stall) => stall,
+                        Some(stream) => match socket::write_some(stream, bytes, deadline) {
+                            Ok(k) => {
+                                self.protocol.on_sent(k);
+                                continue;
                             }
-                        }
+                            Err(stall) => stall,
+                        },
                         None => protocol::Stall::Closed,
                     }
                 }

@@ -86,14 +86,15 @@ pub(super) fn look(stream: &TcpStream) -> Look {
 
 /// Waits until the peer has acknowledged every byte sent on `stream`, or `deadline` passes.
 ///
-/// A rank other than 0 calls it before the first block it sends after its hello (see the
-/// [module docs](super)): once rank 0's kernel acknowledges the hello it holds an accepted
-/// connection for it, and nothing sent after can be taken for a forged SYN cookie. No event
+/// A rank other than 0 calls it right after sending its hello, so connecting means "hello
+/// sent and acknowledged" (see the [module docs](super)): once rank 0's kernel acknowledges
+/// the hello it holds an accepted connection for it, and nothing sent after can be taken for
+/// a forged SYN cookie. No event
 /// says that bytes were acknowledged, so this reads how many the send queue still holds
 /// (`SIOCOUTQ` on Linux, `SO_NWRITE` on macOS) and looks again after 1 ms, then 2, 4, … up
 /// to 50 ms; normally the first look finds none, the hello having gone a round trip before
 /// the bring-up's first exchange. Elsewhere it does not wait.
-pub(super) fn wait_acknowledged(stream: &TcpStream, deadline: Instant) -> Result<(), Stall> {
+fn wait_acknowledged(stream: &TcpStream, deadline: Instant) -> Result<(), Stall> {
     let mut wait = Duration::from_millis(1);
     loop {
         if let Some(e) = stream.take_error().map_err(Stall::Io)? {
@@ -399,7 +400,9 @@ pub(super) fn connect_to_coordinator(
     }
 }
 
-/// Sends `rank` as MLX's 4-byte little-endian hello.
+/// Sends `rank` as MLX's 4-byte little-endian hello and waits until rank 0 has acknowledged
+/// it, so that the first block sent after it cannot be taken for a forged SYN cookie (see
+/// [`wait_acknowledged`]).
 fn send_hello(
     mut stream: TcpStream,
     rank: usize,
@@ -409,5 +412,13 @@ fn send_hello(
     let hello = hello(rank)?;
     write_by(&mut stream, &hello, deadline)
         .map_err(|s| format!("sending this rank's hello to the coordinator {coordinator}: {s}"))?;
+    wait_acknowledged(&stream, deadline).map_err(|stall| {
+        let why = match stall {
+            Stall::TimedOut => "timed out".to_string(),
+            Stall::Closed => "the connection was closed (rank 0 failed or exited)".to_string(),
+            Stall::Io(e) => e.to_string(),
+        };
+        format!("waiting for the coordinator {coordinator} to acknowledge this rank's hello: {why}")
+    })?;
     Ok(stream)
 }
