@@ -79,7 +79,11 @@
 //! take, ends a hold once its waits cost more than looking ones did, and starts one when
 //! looking costs more. Parking in a blocking receive instead of epoll, as 0.5.0 waits (a call
 //! fewer per wait), took 136–145 µs for 4 KiB on 4 ranks under `nuvec-launch` where parking in
-//! epoll took 142–147 (both parking at once; 0.5.0: 102–147).
+//! epoll took 142–147 (both parking at once; 0.5.0: 102–147); under `mlx.launch`, in a later
+//! run of 4 rounds, 124–133 against 135–146, where 0.5.0 took 99–101 and this rule 117–136:
+//! how a wait parks is not what 0.5.0 has ahead there. (Parked waits are faster under
+//! `mlx.launch` than under `nuvec-launch`, 0.5.0's 99–101 against 176–201 in that run: a core
+//! the launcher keeps busy never halts, so a wake costs no exit from an idle virtual core.)
 //!
 //! Where the late looks fall, and why no threshold tells a peer from a busy thread (a count
 //! of every look-to-look gap over 500 µs, the fixed 100 µs look, 4 ranks at 1 MiB, one run):
@@ -92,6 +96,20 @@
 //! rule's 1854–1886 at 1 MiB on 4 ranks under `nuvec-launch` (0.5.0: 2286–2588), but
 //! 3317–3737 against 2636–3407 with two busy loops, and one round of 79 against 17–30 for
 //! 4 KiB on 2 ranks under `mlx.launch`.
+//!
+//! Two more rules, tried since (the same layout: 3 rounds, range of the p50, µs). Looking
+//! without yielding for 10, 25 or 50 µs at the start of a held wait, instead of parking at
+//! once (a rank woken for a small step would keep its core for a reply due within
+//! microseconds), was worse in every contended row: 4 KiB on 4 ranks under `mlx.launch`
+//! 115–257, 114–478 and 131–768 against this rule's 113–156 (0.5.0: 98–101); 4 KiB on 2
+//! ranks with two busy loops 22–49, 20–82 and 28–134 against 19–28 (0.5.0: 18–20): a rank
+//! that keeps the core keeps it from the peer it waits for. Counting a look as late only past
+//! [`LATE`] plus two or four times this rank's own longest recent pass (a peer's pass over the
+//! same step takes about as long as this rank's, a busy thread's slice does not) was within
+//! the noise of this rule at 1 MiB on 4 ranks: 1995–2165 and 2058–2137 against 1862–2212
+//! under `nuvec-launch`, 3251–3607 and 3232–3584 against 3448–3671 under `mlx.launch`,
+//! 3675–4585 and 3998–4859 against 3920–4347 with two busy loops (0.5.0: 2553–2666,
+//! 5559–6368, 13322–13911).
 //!
 //! The RDMA fabric, which cannot park, yields between polls from the first (its docs have the
 //! numbers: over the software provider that beat both this look and MLX's polling without
