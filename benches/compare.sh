@@ -2,7 +2,8 @@
 # MLX's ring, nuvec-distributed 0.5.0 and this checkout, all_sum of float32 on 2 and 4 local
 # ranks, every job started with MLX's launch environment (`--backend ring`: MLX_RANK,
 # MLX_HOSTFILE) under each launcher in turn, all timed the same way: warm-up, then iterations
-# each after a barrier (a 1-byte all_sum), the time of an iteration being the mean over the
+# each after a barrier (an all_sum of one byte per rank, so that every rank sends and waits in
+# every step under every implementation), the time of an iteration being the mean over the
 # ranks, p50 over iterations; and the CPU time an operation took on a rank (all its threads),
 # the mean over ranks and iterations.
 #

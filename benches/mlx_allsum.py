@@ -5,10 +5,11 @@
 
 One rank of an MLX ring job (``mx.distributed.init(strict=True, backend="ring")``, the CPU
 stream). Per size: warm-up, then timed iterations, each preceded by a barrier (an all_sum of
-one uint8 element) and timed from the call to the end of ``mx.eval`` of its result; the time of
-an iteration is the mean over the ranks of what each measured; p50 and p99 over iterations.
-Iterations per size: clamp(256 MiB / bytes, 10, 500), warm-up clamp(iters / 10, 2, 50), as the
-Rust bench. Inputs are small integers, so the sum is exact and checked on every rank.
+one uint8 element per rank) and timed from the call to the end of ``mx.eval`` of its result;
+the time of an iteration is the mean over the ranks of what each measured; p50 and p99 over
+iterations. Iterations per size: clamp(256 MiB / bytes, 10, 500), warm-up clamp(iters / 10,
+2, 50), as the Rust bench. Inputs are small integers, so the sum is exact and checked on every
+rank.
 
 Rank 0 prints one line per size::
 
@@ -52,7 +53,8 @@ def main():
 
     group = mx.distributed.init(strict=True, backend="ring")
     rank, ranks = group.rank(), group.size()
-    token = mx.array([0], dtype=mx.uint8)
+    # One element per rank, as benches/upstream: every rank sends in every step.
+    token = mx.array([0] * ranks, dtype=mx.uint8)
 
     def barrier():
         mx.eval(mx.distributed.all_sum(token, group=group, stream=mx.cpu))

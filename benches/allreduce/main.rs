@@ -48,9 +48,9 @@
 //! × (n−1)/n for an all-gather (whose size is the gathered total), × 1 for send/recv; a check
 //! column (every rank's result compared element by element with the exact answer: inputs are
 //! small integers, so even float sums are exact); and the busbw as a percentage of the wire
-//! row of the same size. Every timed iteration is preceded by a barrier (a 1-byte all_sum);
-//! the time of an iteration is the mean over the ranks of what each measured (`--agg`; a
-//! round trip is always rank 0's time; in simulation, rank 0's virtual time). The
+//! row of the same size. Every timed iteration is preceded by a barrier (an all_sum of one
+//! byte per rank); the time of an iteration is the mean over the ranks of what each measured
+//! (`--agg`; a round trip is always rank 0's time; in simulation, rank 0's virtual time). The
 //! `cpu µs/rank` column is the CPU time one operation took on a rank, all its threads, those
 //! that exited during it included (`CLOCK_PROCESS_CPUTIME_ID`), the mean over ranks and iterations: unlike the wall-clock
 //! columns it does not depend on how many threads the job has when the machine is shared, so

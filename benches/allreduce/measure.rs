@@ -122,9 +122,10 @@ impl Clock {
 // Measuring, on any communicator
 // ---------------------------------------------------------------------------------------------
 
-/// The barrier before every timed iteration: a 1-byte all_sum.
+/// The barrier before every timed iteration: an all_sum of one byte per rank, so that every
+/// rank sends and waits in every step (as `benches/upstream` and `benches/mlx_allsum.py`).
 pub(crate) fn barrier(comm: &impl Collectives) -> Result<()> {
-    let mut b = [0u8; 1];
+    let mut b = vec![0u8; comm.size()];
     comm.all_reduce(Reduction::Sum, DType::U8, &mut b)
 }
 

@@ -70,7 +70,7 @@ pub(crate) fn print_header(args: &Args, n: usize, fabric: &str) {
         args.dtype.name(),
     );
     println!(
-        "# per size: warm-up, then timed iterations each after a barrier (1-byte all_sum); time of an iteration = {time}; p50/p99 over iterations"
+        "# per size: warm-up, then timed iterations each after a barrier (all_sum of one byte per rank); time of an iteration = {time}; p50/p99 over iterations"
     );
     let what = match args.op {
         Op::AllReduce(_) => "busbw = algbw × 2(n−1)/n",

@@ -8,7 +8,7 @@
 //! One rank of a ring job (`MLX_HOSTFILE`, `MLX_RANK`), joined with `nuvec_distributed::init`.
 //! Per size: an f32 array of small integers (so the sum is exact and checked), warm-up, then
 //! timed iterations of `nuvec_core::distributed::all_sum` (from the call to the end of `eval`
-//! of its result), each preceded by a barrier (an all_sum of one `u8`); the time of an iteration
+//! of its result), each preceded by a barrier (an all_sum of one `u8` per rank); the time of an iteration
 //! is the mean over the ranks; p50 and p99 over iterations. Iterations per size:
 //! clamp(256 MiB / bytes, 10, 500), warm-up clamp(iters / 10, 2, 50). Rank 0 prints one line
 //! per size: `ROW <impl> <ranks> <bytes> <p50 µs> <p99 µs> <ok|FAIL> <cpu µs>`, the last the CPU
@@ -77,7 +77,10 @@ fn main() -> Result<()> {
     }
     let group = init(&which)?;
     let (rank, ranks) = (group.rank(), group.size());
-    let token = Array::from(0u8);
+    // One element per rank: every rank sends and waits in every step of the barrier, under
+    // every implementation (with one element 0.5.0 skips its empty segments, and its ranks
+    // leave the barrier one hop apart).
+    let token = Array::from(vec![0u8; ranks]);
     let barrier = || distributed::all_sum(&token, None).eval();
     for size in sizes.split(',').map(parse_bytes) {
         let elements = size? / 4;
