@@ -8,8 +8,8 @@
 //! One rank of a ring job (`MLX_HOSTFILE`, `MLX_RANK`), joined with `nuvec_distributed::init`.
 //! Per size: an f32 array of small integers (so the sum is exact and checked), warm-up, then
 //! timed iterations of `nuvec_core::distributed::all_sum` (from the call to the end of `eval`
-//! of its result), each preceded by a barrier (an all_sum of one `u8` per rank); the time of an iteration
-//! is the mean over the ranks; p50 and p99 over iterations. Iterations per size:
+//! of its result), each preceded by a barrier (an all_sum of one `u8` per rank); the time of
+//! an iteration is the mean over the ranks; p50 and p99 over iterations. Iterations per size:
 //! clamp(256 MiB / bytes, 10, 500), warm-up clamp(iters / 10, 2, 50). Rank 0 prints one line
 //! per size: `ROW <impl> <ranks> <bytes> <p50 µs> <p99 µs> <ok|FAIL> <cpu µs>`, the last the CPU
 //! time one operation took on a rank, all its threads, those the operation started and ended

@@ -29,14 +29,14 @@
 //! - the coordinator socket has `SO_REUSEADDR` but not MLX's `SO_REUSEPORT`, which would let two
 //!   jobs on one port silently split each other's ranks; the listen backlog is 128, not 0;
 //! - other ranks retry connecting until the timeout instead of MLX's 4 attempts over about 15 s;
-//! - another rank's connecting ends only once rank 0 has acknowledged its hello, so its first
-//!   block never leaves before that (the bytes are MLX's, only their timing differs). MLX's rank 0 listens with a backlog of 0: when
-//!   ranks connect at once, Linux answers with SYN cookies and drops what arrives while the
-//!   one accepted connection waits, and a segment that reaches the listener before the
-//!   connection is accepted but does not start at the first byte (the block sent after the
-//!   hello, or the tail-loss probe that carries it past Nagle's algorithm) fails the cookie
-//!   check and the connection is reset (`TcpExtSyncookiesFailed`), leaving rank 0 waiting for
-//!   that rank. While only the hello is unacknowledged, whatever the kernel resends is the
+//! - another rank's connecting ends only once rank 0 has acknowledged its hello, so its first block
+//!   never leaves before that (the bytes are MLX's, only their timing differs). MLX's rank 0
+//!   listens with a backlog of 0: when ranks connect at once, Linux answers with SYN cookies and
+//!   drops what arrives while the one accepted connection waits, and a segment that reaches the
+//!   listener before the connection is accepted but does not start at the first byte (the block
+//!   sent after the hello, or the tail-loss probe that carries it past Nagle's algorithm) fails the
+//!   cookie check and the connection is reset (`TcpExtSyncookiesFailed`), leaving rank 0 waiting
+//!   for that rank. While only the hello is unacknowledged, whatever the kernel resends is the
 //!   hello, which starts at the first byte;
 //! - `TCP_NODELAY` is set (MLX leaves Nagle's algorithm on): only the timing changes;
 //! - the ranks check what they can: that every rank sends as many records, that rank 0 sends

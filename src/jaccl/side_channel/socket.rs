@@ -89,11 +89,11 @@ pub(super) fn look(stream: &TcpStream) -> Look {
 /// A rank other than 0 calls it right after sending its hello, so connecting means "hello
 /// sent and acknowledged" (see the [module docs](super)): once rank 0's kernel acknowledges
 /// the hello it holds an accepted connection for it, and nothing sent after can be taken for
-/// a forged SYN cookie. No event
-/// says that bytes were acknowledged, so this reads how many the send queue still holds
-/// (`SIOCOUTQ` on Linux, `SO_NWRITE` on macOS) and looks again after 1 ms, then 2, 4, … up
-/// to 50 ms; normally the first look finds none, the hello having gone a round trip before
-/// the bring-up's first exchange. Elsewhere it does not wait.
+/// a forged SYN cookie. No event says that bytes were acknowledged, so this reads how many
+/// the send queue still holds (`SIOCOUTQ` on Linux, `SO_NWRITE` on macOS) and looks again
+/// after 1 ms, then 2, 4, … up to 50 ms. Over loopback the first look usually finds none;
+/// across hosts it usually finds the hello still in flight, so connecting takes a round trip
+/// more, rounded up to the next look (1 ms on a local link). Elsewhere it does not wait.
 fn wait_acknowledged(stream: &TcpStream, deadline: Instant) -> Result<(), Stall> {
     let mut wait = Duration::from_millis(1);
     loop {
