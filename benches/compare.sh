@@ -24,9 +24,14 @@
 # Columns (times, then CPU per operation and rank, µs):
 #   mlx        MLX 0.32.4 (.venv), benches/mlx_allsum.py: mx.distributed.all_sum on arrays
 #   0.5.0      nuvec-distributed 0.5.0 from crates.io, benches/upstream: nuvec_core's all_sum
-#   arrays     this checkout through the same nuvec_core array API (benches/upstream --impl local)
-#   raw        this checkout's RingCommunicator::try_all_reduce in place (benches/allreduce/)
-#   wire       the same ring pattern over blocking std sockets, no reduction (benches/allreduce/)
+#   arrays     this checkout through the same nuvec_core array API (benches/upstream --impl local);
+#              its ranks, all on this machine, talk over local links (shared memory)
+#   tcp links  arrays with NUVEC_DISTRIBUTED_LOCAL_LINKS=0: every link loopback TCP, as a link to
+#              a Python MLX rank or to another machine is
+#   raw        this checkout's RingCommunicator::try_all_reduce in place (benches/allreduce/), over
+#              local links
+#   wire       the same ring pattern over blocking std sockets, no reduction (benches/allreduce/):
+#              the limit of loopback TCP, which local links are not bound by
 #   spin N     arrays, but with NUVEC_DISTRIBUTED_SPIN_US=N: a step that cannot progress looks
 #              for exactly N µs every time before it parks (0: parks at once), where `arrays`
 #              adapts (src/transport/wait.rs); one column per N of WAITS (default "100 0": the
@@ -117,6 +122,8 @@ for rep in $(seq 1 "$REPS"); do
         launch "$launcher" mlx "$n" "$rep" "$PYTHON" "$ROOT/benches/mlx_allsum.py" --sizes "$SIZES"
         launch "$launcher" upstream "$n" "$rep" "$UPSTREAM" --impl upstream --sizes "$SIZES"
         launch "$launcher" arrays "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+        NUVEC_DISTRIBUTED_LOCAL_LINKS=0 \
+          launch "$launcher" tcplinks "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
         for w in $WAITS; do
           NUVEC_DISTRIBUTED_SPIN_US="$w" \
             launch "$launcher" "spin$w" "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
@@ -167,6 +174,8 @@ for path in sorted(glob.glob(os.path.join(out, "*.log"))):
             col = {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[f[1]]
             if name.startswith("spin"):
                 col = "spin " + name[4:]
+            elif name == "tcplinks":
+                col = "tcp links"
             keep(launcher, col, n, int(f[3]), float(f[4]), f[6], number(f[7]) if len(f) > 7 else math.nan)
         elif name == "raw":
             if line.startswith("# wire"):
@@ -184,7 +193,7 @@ for path in sorted(glob.glob(os.path.join(out, "*.log"))):
             elif section == "wire" and len(f) >= 5 and f[0].isdigit():
                 keep(launcher, "wire", n, int(f[0]), float(f[1]), "-", number(f[3]))
 
-cols = ["mlx", "0.5.0", "arrays"] + ["spin " + w for w in waits] + ["raw", "wire"]
+cols = ["mlx", "0.5.0", "arrays", "tcp links"] + ["spin " + w for w in waits] + ["raw", "wire"]
 names = {"nuvec": "nuvec-launch", "mlx": "mlx.launch"}
 
 def cell(launcher, col, n, b):
@@ -228,6 +237,7 @@ for launcher in launchers:
     times = lambda a, b: lambda n, size: ratio(launcher, a, b, n, size)
     table(launcher, "all_sum float32, p50 µs per operation (mean over ranks per iteration; best of the runs)", cell, [
         ("0.5.0/arrays", 13, times("0.5.0", "arrays")),
+        ("0.5.0/tcp", 10, times("0.5.0", "tcp links")),
         ("0.5.0/raw", 10, times("0.5.0", "raw")),
         ("mlx/arrays", 11, times("mlx", "arrays")),
         ("mlx/raw", 8, times("mlx", "raw")),
@@ -235,6 +245,7 @@ for launcher in launchers:
     ])
     table(launcher, "CPU µs per operation and rank (all threads; of the best run)", cpu, [
         ("arrays/0.5.0", 13, lambda n, b: ratio(launcher, "arrays", "0.5.0", n, b, at=2)),
+        ("tcp/0.5.0", 10, lambda n, b: ratio(launcher, "tcp links", "0.5.0", n, b, at=2)),
     ])
     for (l, n), (w, r) in sorted(pingpong.items()):
         if l != launcher:

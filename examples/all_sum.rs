@@ -1,7 +1,8 @@
-//! The README's main job: an all_sum across N ranks over TCP on this machine.
+//! The README's main job: an all_sum across N ranks of a TCP ring on this machine.
 //!
 //! `cargo run --release --ignore-rust-version --example all_sum -- -n 4` starts 4 local ranks
-//! (processes of this example, over loopback), each of which joins the ring with
+//! (processes of this example, connected over loopback; on Linux their links then carry the
+//! bytes through shared memory, `NUVEC_DISTRIBUTED_LOCAL_LINKS=0` keeps them on TCP), each of which joins the ring with
 //! `nuvec_distributed::init`, checks an all_sum of small arrays, then times all_sums of
 //! growing float32 arrays; rank 0 prints the results and the bandwidth. Under `mlx.launch`
 //! (which sets `MLX_HOSTFILE` and `MLX_RANK`) the same binary runs as one rank:

@@ -278,14 +278,22 @@ pub fn connect_ring(
         .into());
     }
     let log = Log::new(options.log, rank);
-    let fabric = TcpFabric::connect_ring(nodes, rank, options.timeout, options.key.as_ref(), &log)?
-        .with_wait(options.spin);
+    let fabric = TcpFabric::connect_ring(
+        nodes,
+        rank,
+        options.timeout,
+        options.key.as_ref(),
+        options.local_links,
+        &log,
+    )?
+    .with_wait(options.spin);
     let splitter = TcpRing::new(
         nodes[rank][0].clone(),
         conns,
         options.key.clone(),
         log,
         options.spin,
+        options.local_links,
     );
     let comm = Arc::new(
         RingCommunicator::new(fabric, conns, options.timeout)
@@ -306,8 +314,8 @@ fn cached(backend: Backend) -> Option<Group> {
     }
 }
 
-/// The options every backend reads from the environment: the timeout, the log level and the
-/// spin before parking.
+/// The options every backend reads from the environment: the timeout, the log level, the
+/// spin before parking, JACCL's progress timeout and whether links may be local.
 fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     let mut options = Options::default();
     if let Some(timeout) = env.timeout()? {
@@ -318,6 +326,9 @@ fn options_from(env: &Env<'_>) -> Result<Options, Error> {
         options = options.spin(spin);
     }
     options.progress = env.jaccl_progress_timeout()?;
+    if let Some(on) = env.local_links()? {
+        options.local_links = on;
+    }
     Ok(options)
 }
 

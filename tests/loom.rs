@@ -19,6 +19,9 @@
 //! the models share the harness at the top (the preemption bound and `check`, which runs one),
 //! and the file must be one binary of its own, since only it is built with `--cfg loom`.
 //!
+//! The local link's parking protocol (`src/transport/tcp/local/queue.rs`) is private to the
+//! crate, so its model is a unit test there, run by CI with `--lib -- local::queue::loom`.
+//!
 //! What is modelled where:
 //!
 //! - **The communicator** (`src/collective/core.rs`, under `RingCommunicator`: one `Mutex<State>` holding the

@@ -14,7 +14,7 @@ pub(crate) const USAGE: &str = "usage: allreduce [--backend ring|jaccl|jaccl-rin
 [--conns C] [--fabric tcp|rdma|sim] \
 [--op all_sum|all_max|all_min|all_gather|sendrecv] [--dtype float32|...] \
 [--sizes 4K..64M|4K,1M,...] [--step F] [--iters K] [--warmup W] [--agg mean|max|rank0] \
-[--pingpong BYTES|0] [--no-wire] [--timeout SECS] [--spin US]";
+[--pingpong BYTES|0] [--no-wire] [--timeout SECS] [--spin US] [--tcp-only]";
 
 /// Whose algorithms are timed (`--backend`, by the names of MLX's launcher).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +152,9 @@ pub(crate) struct Args {
     pub(crate) spin: Option<Duration>,
     /// `--fabric rdma`: JACCL's cables are queue pairs of the RDMA fabric.
     pub(crate) rdma: bool,
+    /// `--tcp-only`: the ring's links stay TCP between ranks on one machine too
+    /// ([`Options::local_links`](nuvec_distributed::Options::local_links) off).
+    pub(crate) tcp_only: bool,
 }
 
 /// `4096`, `4K`, `1M`, `1G` (binary units).
@@ -207,6 +210,7 @@ impl Args {
             timeout: Duration::from_secs(120),
             spin: None,
             rdma: false,
+            tcp_only: false,
         };
         let mut sizes: Option<String> = None;
         let mut step = 4usize;
@@ -251,6 +255,7 @@ impl Args {
                 }
                 "--pingpong" => a.pingpong = parse_bytes(&value("--pingpong")?)?,
                 "--no-wire" => a.wire = false,
+                "--tcp-only" => a.tcp_only = true,
                 "--timeout" => a.timeout = Duration::from_secs_f64(value("--timeout")?.parse()?),
                 "--spin" => a.spin = Some(Duration::from_micros(value("--spin")?.parse()?)),
                 "-h" | "--help" => return Err(USAGE.into()),

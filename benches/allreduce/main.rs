@@ -9,7 +9,12 @@
 //!     [--dtype float32|float16|bfloat16|float64|int32|uint8|...]
 //!     [--sizes 4K..64M | --sizes 4K,1M,16M] [--step 4] [--iters K] [--warmup W]
 //!     [--agg mean|max|rank0] [--pingpong 4K|0] [--no-wire] [--timeout SECS] [--spin US]
+//!     [--tcp-only]
 //! ```
+//!
+//! `--tcp-only` keeps the ring's links on loopback TCP between ranks on one machine, where by
+//! default they are local links through shared memory ([`Options::local_links`]): the wire
+//! is always TCP, so this is the ring against the wire on the same medium.
 //!
 //! `--spin` fixes how long a step that waits keeps looking before it parks, every time
 //! ([`Options::spin`]; 0 parks at once), to compare with the default, which adapts (at most
@@ -158,7 +163,9 @@ fn run_ring_rank(args: &Args) -> Result<()> {
         .parse()
         .map_err(|_| "MLX_RANK is not a number")?;
     let nodes = hostfile::read(Path::new(&path))?;
-    let mut options = Options::default().timeout(args.timeout);
+    let mut options = Options::default()
+        .timeout(args.timeout)
+        .local_links(!args.tcp_only);
     if let Some(spin) = args.spin {
         options = options.spin(spin);
     }
@@ -169,7 +176,12 @@ fn run_ring_rank(args: &Args) -> Result<()> {
     let mut args = args.clone();
     args.conns = comm.topology().conns();
     let (host, _) = hostfile::split_address(&nodes[rank][0])?;
-    tcp_rank(&args, comm, &host, "tcp")?;
+    let fabric = if args.tcp_only {
+        "tcp only"
+    } else {
+        "tcp, local links between ranks on one machine"
+    };
+    tcp_rank(&args, comm, &host, fabric)?;
     group.close();
     Ok(())
 }

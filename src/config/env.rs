@@ -9,6 +9,7 @@
 //! | `NUVEC_DISTRIBUTED_KEY` | shared key, at least 16 bytes (never printed) |
 //! | `NUVEC_DISTRIBUTED_LOG` | `off`, `error`, `warn`, `info` or `debug` (any case) |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | a fixed time a waiting step looks before it parks, 0 to 1 000 000 µs (unset: it adapts) |
+//! | `NUVEC_DISTRIBUTED_LOCAL_LINKS` | `1` (the default) or `0`: whether ring links between ranks on one machine may use shared memory |
 //! | `JACCL_PROGRESS_TIMEOUT_S` / `MLX_JACCL_PROGRESS_TIMEOUT_S` | JACCL: the longest a wait may go without progress, non-negative seconds, 0 off (`JACCL_*` wins) |
 //!
 //! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the
@@ -44,6 +45,8 @@ pub(crate) const KEY: &str = "NUVEC_DISTRIBUTED_KEY";
 pub(crate) const LOG: &str = "NUVEC_DISTRIBUTED_LOG";
 /// How long a TCP step keeps looking before it parks, in microseconds.
 pub(crate) const SPIN: &str = "NUVEC_DISTRIBUTED_SPIN_US";
+/// Whether ring links between ranks on one machine may be local (shared memory).
+pub(crate) const LOCAL_LINKS: &str = "NUVEC_DISTRIBUTED_LOCAL_LINKS";
 /// Which fabric carries JACCL: `rdma` (the default) or `tcp` (one connection per cable).
 pub(crate) const JACCL_FABRIC: &str = "NUVEC_JACCL_FABRIC";
 /// JACCL's frame rule: `small` (the default, macOS 26.2) or `large` (macOS 26.3 and later).
@@ -250,6 +253,24 @@ impl<'a> Env<'a> {
         let d = Duration::try_from_secs_f64(secs)
             .map_err(|_| bad("is too large for a progress timeout"))?;
         Ok((!d.is_zero()).then_some(d))
+    }
+
+    /// Whether links may be local, from `NUVEC_DISTRIBUTED_LOCAL_LINKS` (`1` or `0`), `None` if
+    /// unset.
+    pub(crate) fn local_links(&self) -> Result<Option<bool>, ConfigError> {
+        let Some(v) = self.text(LOCAL_LINKS)? else {
+            return Ok(None);
+        };
+        match v.trim() {
+            "1" => Ok(Some(true)),
+            "0" => Ok(Some(false)),
+            _ => Err(bad_value(
+                LOCAL_LINKS,
+                &v,
+                "is neither 1 (ring links between ranks on one machine may use shared memory) \
+                 nor 0 (they stay TCP)",
+            )),
+        }
     }
 
     /// The fixed spin before parking from `NUVEC_DISTRIBUTED_SPIN_US` (whole microseconds, 0 to

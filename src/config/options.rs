@@ -26,6 +26,7 @@ pub struct Options {
     pub(crate) key: Option<Key>,
     pub(crate) spin: Spin,
     pub(crate) progress: Option<Duration>,
+    pub(crate) local_links: bool,
 }
 
 /// How a step that cannot progress looks for bytes before it parks (the fabrics' `wait`
@@ -54,6 +55,7 @@ impl Default for Options {
             key: None,
             spin: Spin::Adaptive(DEFAULT_SPIN),
             progress: None,
+            local_links: true,
         }
     }
 }
@@ -109,6 +111,17 @@ impl Options {
     /// them; default off, and zero turns it off).
     pub fn progress_timeout(mut self, limit: Duration) -> Self {
         self.progress = (!limit.is_zero()).then_some(limit);
+        self
+    }
+
+    /// Whether a ring connection between two ranks of this crate on one machine may carry its
+    /// bytes through memory both map instead of loopback TCP (default on, Linux only;
+    /// `NUVEC_DISTRIBUTED_LOCAL_LINKS=0` turns it off for [`init`](crate::init)). The TCP
+    /// connection is made either way and stays open as the link's doorbell; links to Python
+    /// MLX ranks, to other versions and to other machines are TCP, byte for byte MLX's. See
+    /// [`tcp`](crate::transport::tcp) for what it changes and why.
+    pub fn local_links(mut self, on: bool) -> Self {
+        self.local_links = on;
         self
     }
 

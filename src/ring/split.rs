@@ -51,18 +51,29 @@ pub(crate) struct TcpRing {
     key: Option<Key>,
     log: Log,
     spin: Spin,
+    /// Whether links between ranks on one machine may be local (shared memory).
+    local: bool,
 }
 
 impl TcpRing {
     /// The splitter of a ring whose rank listens on `entry`, with `conns` connections per
-    /// neighbour, `key` if it authenticates, its `log` and its fabric's `spin`.
-    pub(crate) fn new(entry: String, conns: usize, key: Option<Key>, log: Log, spin: Spin) -> Self {
+    /// neighbour, `key` if it authenticates, its `log`, its fabric's `spin`, and whether its
+    /// links may be `local` (shared memory between ranks on one machine).
+    pub(crate) fn new(
+        entry: String,
+        conns: usize,
+        key: Option<Key>,
+        log: Log,
+        spin: Spin,
+        local: bool,
+    ) -> Self {
         Self {
             entry,
             conns,
             key,
             log,
             spin,
+            local,
         }
     }
 }
@@ -121,7 +132,14 @@ impl Splitter<TcpFabric> for TcpRing {
             nodes.push(addresses);
         }
         let fabric = listening
-            .connect(&nodes, plan.rank, timeout, self.key.as_ref(), &self.log)?
+            .connect(
+                &nodes,
+                plan.rank,
+                timeout,
+                self.key.as_ref(),
+                self.local,
+                &self.log,
+            )?
             .with_wait(self.spin);
         Ok(Some(SubFabric {
             fabric,

@@ -1,6 +1,8 @@
 //! The ring across processes over loopback, through `nuvec_core::distributed`: every
 //! collective, dtype and shape class on 2, 3, 4 and 8 ranks with 1 and 2 connections, the same
-//! bits on every rank and on reruns, transforms through collectives, and lost peers.
+//! bits on every rank and on reruns, transforms through collectives, and lost peers; and
+//! local links: ranks on one machine use them, every result's bits are those of TCP links,
+//! and with them turned off every link stays TCP.
 
 use crate::common::pattern;
 use crate::common::ports;
@@ -271,18 +273,27 @@ fn job(
     timeout_secs: &str,
     skip: &[usize],
 ) -> Vec<procs::Finished> {
-    job_until(name, scenario, ranks, conns, timeout_secs, skip, None)
+    job_until(
+        name,
+        scenario,
+        (ranks, conns),
+        timeout_secs,
+        skip,
+        None,
+        &[],
+    )
 }
 
-/// As [`job`]; with `until`, waits only for those ranks and kills the rest.
+/// As [`job`] of `(ranks, conns)`; with `until`, waits only for those ranks and kills the
+/// rest; every rank gets `env` on top.
 fn job_until(
     name: &str,
     scenario: &str,
-    ranks: usize,
-    conns: usize,
+    (ranks, conns): (usize, usize),
     timeout_secs: &str,
     skip: &[usize],
     until: Option<&[usize]>,
+    env: &[(&str, &str)],
 ) -> Vec<procs::Finished> {
     let _one_job_at_a_time = procs::exclusive();
     let dir = procs::scratch(name);
@@ -295,7 +306,8 @@ fn job_until(
             cmd.env(SCENARIO, scenario)
                 .env("MLX_HOSTFILE", &hostfile)
                 .env("MLX_RANK", r.to_string())
-                .env("NUVEC_DISTRIBUTED_TIMEOUT", timeout_secs);
+                .env("NUVEC_DISTRIBUTED_TIMEOUT", timeout_secs)
+                .envs(env.iter().copied());
             cmd
         })
         .collect();
@@ -446,11 +458,11 @@ fn the_others_fail_naming_the_signalled_rank(scenario: &str, timeout_secs: u64) 
     let finished = job_until(
         scenario,
         scenario,
-        3,
-        1,
+        (3, 1),
         &timeout_secs.to_string(),
         &[],
         Some(&[0, 1]),
+        &[],
     );
     for (rank, f) in finished.iter().enumerate().take(2) {
         assert_eq!(f.code, Some(0), "rank {rank}:\n{}", f.output);
@@ -488,4 +500,64 @@ fn a_stalled_rank_fails_the_others_naming_it_within_the_timeout() {
         return;
     }
     the_others_fail_naming_the_signalled_rank("sigstop", 3);
+}
+
+/// How many of a rank's connections its log (`NUVEC_DISTRIBUTED_LOG=debug`) calls local links.
+fn local_links_logged(output: &str) -> usize {
+    output
+        .lines()
+        .filter(|l| l.contains("is a local link (shared memory)"))
+        .count()
+}
+
+#[test]
+fn ranks_on_one_machine_use_local_links_and_the_bits_of_tcp_links() {
+    if procs::is_child(CHILD_TEST) {
+        return;
+    }
+    // Every collective, dtype and shape class, once over local links and once over TCP.
+    let debug = [("NUVEC_DISTRIBUTED_LOG", "debug")];
+    let local = job_until(
+        "local-links",
+        "collectives",
+        (3, 2),
+        "60",
+        &[],
+        None,
+        &debug,
+    );
+    procs::assert_all_ok("local links", &local);
+    for (r, f) in local.iter().enumerate() {
+        // Two connections to the right neighbour and two from the left one.
+        assert_eq!(local_links_logged(&f.output), 4, "rank {r}:\n{}", f.output);
+    }
+    let tcp_env = [
+        ("NUVEC_DISTRIBUTED_LOG", "debug"),
+        ("NUVEC_DISTRIBUTED_LOCAL_LINKS", "0"),
+    ];
+    let tcp = job_until(
+        "tcp-links",
+        "collectives",
+        (3, 2),
+        "60",
+        &[],
+        None,
+        &tcp_env,
+    );
+    procs::assert_all_ok("tcp links", &tcp);
+    for (r, f) in tcp.iter().enumerate() {
+        assert_eq!(local_links_logged(&f.output), 0, "rank {r}:\n{}", f.output);
+    }
+    let (local, tcp) = (results(&local), results(&tcp));
+    assert!(local[0].len() > 100, "too few results: {}", local[0].len());
+    for r in 0..3 {
+        assert_eq!(
+            local[r], local[0],
+            "rank {r} differs from rank 0 over local links"
+        );
+        assert_eq!(
+            tcp[r], local[0],
+            "rank {r} over TCP differs from local links"
+        );
+    }
 }

@@ -25,14 +25,15 @@ use crate::config::log::Log;
 use crate::error::Error;
 use crate::limits;
 use crate::transport::tcp::auth::{self, Acceptor, Key, Opener};
+use crate::transport::tcp::local::{self, LocalLink, Offers, Proposal};
 use crate::transport::tcp::setup::{Action, Conn, Event, Failure, Note, Setup};
 
 /// The sockets of one rank of a ring: `right[c]` was opened by this rank to its right
 /// neighbour's address c, `left[c]` was accepted on this rank's own address c.
 #[derive(Debug)]
 pub(crate) struct RingSockets {
-    pub(crate) right: Vec<TcpStream>,
-    pub(crate) left: Vec<TcpStream>,
+    pub(crate) right: Vec<(TcpStream, Option<LocalLink>)>,
+    pub(crate) left: Vec<(TcpStream, Option<LocalLink>)>,
 }
 
 /// Connects rank `rank` of the ring over `nodes` (per rank its addresses) within `timeout`.
@@ -41,6 +42,7 @@ pub(crate) fn connect_ring(
     rank: usize,
     timeout: Duration,
     key: Option<&Key>,
+    local: bool,
     log: &Log,
 ) -> Result<RingSockets, Error> {
     let fail = |what: String| Error::Connect { rank, what };
@@ -49,7 +51,7 @@ pub(crate) fn connect_ring(
     for address in &nodes[rank] {
         listeners.push((address.clone(), listen(address).map_err(&fail)?.1));
     }
-    connect_ring_on(nodes, rank, listeners, timeout, key, log)
+    connect_ring_on(nodes, rank, listeners, timeout, key, local, log)
 }
 
 /// [`connect_ring`] over `listeners`, already bound on this rank's addresses `nodes[rank]`
@@ -60,20 +62,24 @@ pub(crate) fn connect_ring_on(
     listeners: Vec<(String, TcpListener)>,
     timeout: Duration,
     key: Option<&Key>,
+    local: bool,
     log: &Log,
 ) -> Result<RingSockets, Error> {
     let fail = |what: String| Error::Connect { rank, what };
     let links = nodes[rank].len();
-    let setup = Setup::new(
-        rank,
-        nodes.len(),
-        links,
-        key.is_some(),
-        Instant::now(),
-        timeout,
-    );
-    Driver::new(setup, nodes, key, log)
-        .and_then(|driver| driver.run(listeners))
+    // Offered before the first connection can arrive (see `local`'s rendezvous).
+    let offers = local.then(|| {
+        let addrs: Vec<SocketAddr> = listeners
+            .iter()
+            .filter_map(|(_, l)| l.local_addr().ok())
+            .collect();
+        Offers::bind(&addrs)
+    });
+    let started = Instant::now();
+    let setup = Setup::new(rank, nodes.len(), links, key.is_some(), started, timeout);
+    let until = limits::deadline(started, timeout);
+    Driver::new(setup, nodes, key, log, offers)
+        .and_then(|driver| driver.run(listeners, until))
         .map_err(fail)
 }
 
@@ -172,6 +178,32 @@ pub(crate) fn listen_at(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(16)?;
     socket.set_nonblocking(true)?;
     Ok(TcpListener::from_std(socket.into()))
+}
+
+/// A connection to `addr` within `within`; with `local`, a local link proposed for it first
+/// (which needs the connection's port before it connects: see `local`'s rendezvous).
+fn connect_to(
+    addr: &SocketAddr,
+    within: Duration,
+    local: bool,
+) -> io::Result<(TcpStream, Option<Proposal>)> {
+    if !local {
+        return Ok((TcpStream::connect_timeout(addr, within)?, None));
+    }
+    let socket = Socket::new(
+        Domain::for_address(*addr),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    let any = match addr {
+        SocketAddr::V4(_) => SocketAddr::from(([0u8; 4], 0)),
+        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+    };
+    socket.bind(&SockAddr::from(any))?;
+    let port = socket.local_addr()?.as_socket().map(|a| a.port());
+    let proposal = port.and_then(|port| local::propose(*addr, port));
+    socket.connect_timeout(&SockAddr::from(*addr), within)?;
+    Ok((socket.into(), proposal))
 }
 
 /// The two ends of the connections being made.
@@ -382,9 +414,12 @@ struct Driver<'a> {
     poll: Poll,
     /// The right neighbour's addresses of each link, resolved when first opened.
     resolved: Vec<Option<Vec<SocketAddr>>>,
-    /// The connection being opened (connected, maybe authenticating).
-    opening: Option<TcpStream>,
-    opened: Vec<TcpStream>,
+    /// The connection being opened (connected, maybe authenticating), and the local link
+    /// proposed for it.
+    opening: Option<(TcpStream, Option<Proposal>)>,
+    opened: Vec<(TcpStream, Option<Proposal>)>,
+    /// Local links this rank's listeners offer (`None`: local links are off).
+    offers: Option<Offers>,
     arrivals: Vec<Arrival>,
     accepted: Vec<Option<TcpStream>>,
     next_conn: u64,
@@ -396,6 +431,7 @@ impl<'a> Driver<'a> {
         nodes: &'a [Vec<String>],
         key: Option<&'a Key>,
         log: &'a Log,
+        offers: Option<Offers>,
     ) -> Result<Self, String> {
         let links = nodes[setup.rank()].len();
         Ok(Driver {
@@ -407,6 +443,7 @@ impl<'a> Driver<'a> {
             resolved: vec![None; links],
             opening: None,
             opened: Vec::with_capacity(links),
+            offers,
             arrivals: Vec::new(),
             accepted: (0..links).map(|_| None).collect(),
             next_conn: 0,
@@ -434,7 +471,11 @@ impl<'a> Driver<'a> {
         }
     }
 
-    fn run(mut self, mut listeners: Vec<(String, TcpListener)>) -> Result<RingSockets, String> {
+    fn run(
+        mut self,
+        mut listeners: Vec<(String, TcpListener)>,
+        until: Instant,
+    ) -> Result<RingSockets, String> {
         for (c, (address, listener)) in listeners.iter_mut().enumerate() {
             self.poll
                 .registry()
@@ -498,12 +539,41 @@ impl<'a> Driver<'a> {
             stream
                 .set_nonblocking(false)
                 .map_err(|e| format!("accepted socket on {address}: {e}"))?;
-            left.push(stream);
+            let local = match (&mut self.offers, stream.peer_addr()) {
+                (Some(offers), Ok(peer)) => offers.answer(link, peer),
+                _ => None,
+            };
+            left.push((stream, local));
         }
-        Ok(RingSockets {
-            right: self.opened,
-            left,
-        })
+        // Every rank answers the proposals it took before it waits for answers to its own.
+        let right_rank = self.setup.right();
+        let mut right = Vec::with_capacity(self.opened.len());
+        for (link, (stream, proposal)) in std::mem::take(&mut self.opened).into_iter().enumerate() {
+            let local = match proposal {
+                Some(p) => p.confirm(until).map_err(|e| {
+                    format!(
+                        "rank {right_rank} took this rank's proposal of a local link on {} \
+                         (connection {link}) but did not answer it: {e}",
+                        self.theirs(link)
+                    )
+                })?,
+                None => None,
+            };
+            right.push((stream, local));
+        }
+        for (side, peer, row) in [
+            ("to", right_rank, &right),
+            ("from", self.setup.left(), &left),
+        ] {
+            for (link, (_, local)) in row.iter().enumerate() {
+                if local.is_some() {
+                    self.log.debug(format_args!(
+                        "connection {link} {side} rank {peer} is a local link (shared memory)"
+                    ));
+                }
+            }
+        }
+        Ok(RingSockets { right, left })
     }
 
     /// One attempt to open `link`, each of its resolved addresses in turn.
@@ -514,8 +584,9 @@ impl<'a> Driver<'a> {
         }
         let mut last = String::from("no address");
         let mut connected = None;
+        let local = self.offers.is_some();
         for addr in self.resolved[link].iter().flatten() {
-            match TcpStream::connect_timeout(addr, within) {
+            match connect_to(addr, within, local) {
                 Ok(s) => {
                     connected = Some(s);
                     break;
@@ -537,11 +608,12 @@ impl<'a> Driver<'a> {
     fn authenticate_opened(&mut self, link: usize, until: Instant) {
         let who = self.who(self.setup.right());
         let event = match (&self.opening, self.key) {
-            (Some(stream), Some(key)) => match authenticate_acceptor(stream, who, link, key, until)
-            {
-                Ok(()) => Event::OpenerAuthenticated { link },
-                Err(Refused { why, retry }) => Event::OpenerRefused { link, why, retry },
-            },
+            (Some((stream, _)), Some(key)) => {
+                match authenticate_acceptor(stream, who, link, key, until) {
+                    Ok(()) => Event::OpenerAuthenticated { link },
+                    Err(Refused { why, retry }) => Event::OpenerRefused { link, why, retry },
+                }
+            }
             _ => Event::OpenerRefused {
                 link,
                 why: "no connection or no key to authenticate".into(),

@@ -24,6 +24,17 @@
 //! two busy loops running, a fixed 100 µs look takes 2 ms where the adaptive wait, which then
 //! parks, takes 16 µs (the `wait` module has the table).
 //!
+//! Between two ranks of this crate on one machine (Linux), a connection's bytes go through
+//! shared memory instead (a local link, the private `local` module): the same bytes in the
+//! same order, so the step loop and the algorithms are unchanged, but a send is one copy into
+//! a queue and a look is a load of its counter, where loopback TCP costs two copies in the
+//! kernel, the protocol's work and a system call per look. The TCP connection stays open, to
+//! wake a parked peer (one byte) and to tell when the peer is gone. Measured on the same VM
+//! (all_sum of float32 through arrays, p50, side by side): 16 MiB on 2 ranks 8.0 ms against
+//! 13.7 ms over loopback TCP, 1 MiB 160 µs against 318 µs. Links to Python MLX ranks, to other
+//! versions and to other machines stay TCP, byte for byte MLX's;
+//! [`Options::local_links`](crate::Options::local_links) turns local links off.
+//!
 //! Receives never read past their own end, so the bytes of the next operation stay in the
 //! socket for it: the stream stays aligned with MLX's. No read or write asks for more than
 //! 1 GiB at a time (macOS fails socket calls above `INT_MAX` bytes; see the private `limits`
@@ -31,6 +42,7 @@
 
 pub mod auth;
 mod connect;
+mod local;
 mod scratch;
 pub mod setup;
 pub(crate) mod split;
@@ -53,6 +65,7 @@ use crate::limits;
 use crate::transport::tcp::auth::Key;
 use crate::transport::tcp::stream::Reassembly;
 use crate::transport::wait::{Next, Waiter};
+use local::LocalLink;
 use scratch::Scratch;
 
 /// The scratch buffer of a receive that hands its bytes to the algorithm, per channel.
@@ -65,6 +78,12 @@ struct Link {
     /// shorter than the grain waits here for the rest of its element. Also where receives
     /// into a destination the kernel copies slowly into are bounced: see [`scratch`].
     scratch: Scratch,
+    /// Where the link's bytes go when both ends are ranks of this crate on one machine; the
+    /// stream then carries only doorbells (see [`local`]).
+    local: Option<LocalLink>,
+    /// A local link's stream reached its end: the peer closed it (its bytes already queued
+    /// are still read).
+    gone: bool,
 }
 
 /// This rank's connections of a ring, as a [`Fabric`].
@@ -73,6 +92,8 @@ pub struct TcpFabric {
     size: usize,
     /// `links[peer][link]`.
     links: Vec<Vec<Link>>,
+    /// The `(peer, link)` of each poll token.
+    tokens: Vec<(usize, usize)>,
     poll: Poll,
     events: Events,
     epoch: Instant,
@@ -94,15 +115,18 @@ impl std::fmt::Debug for TcpFabric {
 impl TcpFabric {
     /// Connects rank `rank` of MLX's ring over `nodes` (every rank's addresses, all with the
     /// same count C) within `timeout`, in MLX's order, and numbers the connections as
-    /// [`Wiring::ring`](crate::fabric::Wiring::ring).
+    /// [`Wiring::ring`](crate::fabric::Wiring::ring). With `local`, a connection between two
+    /// ranks of this crate on one machine carries its bytes through shared memory (see
+    /// [`local`]).
     pub(crate) fn connect_ring(
         nodes: &[Vec<String>],
         rank: usize,
         timeout: Duration,
         key: Option<&Key>,
+        local: bool,
         log: &Log,
     ) -> Result<Self, Error> {
-        let sockets = connect::connect_ring(nodes, rank, timeout, key, log)?;
+        let sockets = connect::connect_ring(nodes, rank, timeout, key, local, log)?;
         Self::from_ring_sockets(rank, nodes.len(), sockets)
     }
 
@@ -115,11 +139,12 @@ impl TcpFabric {
     ) -> Result<Self, Error> {
         let right = (rank + 1) % size;
         let left = (rank + size - 1) % size;
-        let mut by_peer: Vec<Vec<TcpStream>> = (0..size).map(|_| Vec::new()).collect();
+        let mut by_peer: Vec<Vec<(TcpStream, Option<LocalLink>)>> =
+            (0..size).map(|_| Vec::new()).collect();
         // Opened connections first, then accepted ones (the `Wiring` rule).
         by_peer[right].extend(sockets.right);
         by_peer[left].extend(sockets.left);
-        Self::from_streams(rank, by_peer).map_err(|e| Error::Connect {
+        Self::from_links(rank, by_peer).map_err(|e| Error::Connect {
             rank,
             what: format!("cannot set up the ring's sockets: {e}"),
         })
@@ -128,12 +153,26 @@ impl TcpFabric {
     /// A fabric over connected streams: `streams[peer][link]`, each given the fabric's socket
     /// options (no Nagle delay, keepalive).
     pub(crate) fn from_streams(rank: usize, streams: Vec<Vec<TcpStream>>) -> io::Result<Self> {
+        let links = streams
+            .into_iter()
+            .map(|row| row.into_iter().map(|s| (s, None)).collect())
+            .collect();
+        Self::from_links(rank, links)
+    }
+
+    /// [`from_streams`](Self::from_streams), where a stream may come with the local link
+    /// that carries its bytes (the stream then carries only doorbells).
+    fn from_links(
+        rank: usize,
+        streams: Vec<Vec<(TcpStream, Option<LocalLink>)>>,
+    ) -> io::Result<Self> {
         let poll = Poll::new()?;
         let mut links = Vec::with_capacity(streams.len());
+        let mut tokens = Vec::new();
         let mut token = 0;
-        for peer in streams {
+        for (p, peer) in streams.into_iter().enumerate() {
             let mut row = Vec::with_capacity(peer.len());
-            for stream in peer {
+            for (stream, local) in peer {
                 connect::tune(&stream)?;
                 stream.set_nonblocking(true)?;
                 let mut stream = mio::net::TcpStream::from_std(stream);
@@ -143,9 +182,12 @@ impl TcpFabric {
                     Interest::READABLE | Interest::WRITABLE,
                 )?;
                 token += 1;
+                tokens.push((p, row.len()));
                 row.push(Link {
                     stream,
                     scratch: Scratch::default(),
+                    local,
+                    gone: false,
                 });
             }
             links.push(row);
@@ -155,6 +197,7 @@ impl TcpFabric {
             size: links.len(),
             heard: vec![None; links.len()],
             links,
+            tokens,
             poll,
             events: Events::with_capacity(64),
             epoch: Instant::now(),
@@ -225,6 +268,9 @@ fn read_through(
 
 /// Moves as many bytes of one transfer as its socket takes now. Returns whether it progressed.
 fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Result<bool> {
+    if link.local.is_some() {
+        return advance_local(link, t, p);
+    }
     let mut moved = false;
     match t {
         Transfer::Send { data, .. } => {
@@ -294,6 +340,115 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
         }
     }
     Ok(moved)
+}
+
+/// [`advance`] over a local link: the same moves, through its queues.
+fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Result<bool> {
+    let Some(local) = &mut link.local else {
+        return Ok(false);
+    };
+    let corrupt = |e: local::Corrupt| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+    let (mut moved, mut ring) = (false, false);
+    match t {
+        Transfer::Send { data, .. } => {
+            if link.gone {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            while p.done < data.len() {
+                let (n, r) = local.write(&data[p.done..]).map_err(corrupt)?;
+                ring |= r;
+                if n == 0 {
+                    break;
+                }
+                p.done += n;
+                moved = true;
+            }
+        }
+        Transfer::Recv {
+            landing: Landing::Into(buf),
+            ..
+        } => {
+            while p.done < buf.len() {
+                let (n, r) = local.read(&mut buf[p.done..]).map_err(corrupt)?;
+                ring |= r;
+                if n == 0 {
+                    break;
+                }
+                p.done += n;
+                moved = true;
+            }
+        }
+        Transfer::Recv {
+            landing: landing @ Landing::Sink { .. },
+            ..
+        } => {
+            let (len, grain) = (landing.len(), landing.grain());
+            link.scratch.reserve(grain);
+            let scratch = link.scratch.bytes();
+            while !p.stream.is_complete() {
+                // Whole elements are reduced straight from the queue; an element split by the
+                // queue's wrap (or by the writer's progress) is put together in the scratch.
+                let left = len - p.stream.done();
+                let stream = &mut p.stream;
+                let (n, r) = local
+                    .read_in_place(left, |bytes| {
+                        stream.absorb_in_place(bytes, |offset, b| landing.deliver(offset, b))
+                    })
+                    .map_err(corrupt)?;
+                ring |= r;
+                if n > 0 {
+                    moved = true;
+                    continue;
+                }
+                // Just enough to complete the element: the bytes after it may be lent again.
+                let at = p.stream.next_read(scratch.len());
+                let at = at.start..at.start + (grain - at.start).min(at.len());
+                let (n, r) = local.read(&mut scratch[at]).map_err(corrupt)?;
+                ring |= r;
+                if n == 0 {
+                    break;
+                }
+                moved = true;
+                p.stream
+                    .absorb(scratch, n, |offset, bytes| landing.deliver(offset, bytes));
+            }
+            p.done = p.stream.done();
+        }
+    }
+    if ring {
+        doorbell(&link.stream)?;
+    }
+    if !moved && link.gone && p.done < t.len() {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(moved)
+}
+
+/// Wakes the peer of a local link, parked on its end of `stream`: one byte. A full socket
+/// buffer means bytes the peer has not read yet, which wake it as well.
+fn doorbell(stream: &mio::net::TcpStream) -> io::Result<()> {
+    loop {
+        return match io::Write::write(&mut &*stream, &[1]) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => Err(e),
+        };
+    }
+}
+
+/// Reads a local link's doorbells, all there are; whether its stream ended.
+fn drain(stream: &mio::net::TcpStream) -> bool {
+    let mut bells = [0u8; 64];
+    loop {
+        match io::Read::read(&mut &*stream, &mut bells) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
 }
 
 impl Fabric for TcpFabric {
@@ -464,6 +619,11 @@ impl TcpFabric {
                 let done = i.map_or(0, |i| progress[i].done);
                 return Err(stop.failure(step, i, done, self.rank));
             }
+            // Local links: ask each peer this step waits on to ring; one that moved meanwhile
+            // lets the step go on without parking.
+            if self.arm(step, &progress)? {
+                continue;
+            }
             let wake = match self.watch.wake_by(quiet_since) {
                 Some(at) if at < deadline => at.max(now),
                 _ => deadline,
@@ -476,7 +636,44 @@ impl TcpFabric {
                     return Err(failure(t, 0, &e));
                 }
             }
+            for event in self.events.iter() {
+                let Some(&(peer, link)) = self.tokens.get(event.token().0) else {
+                    continue;
+                };
+                let l = &mut self.links[peer][link];
+                if l.local.is_some() && !l.gone {
+                    l.gone = drain(&l.stream);
+                }
+            }
         }
+    }
+
+    /// Arms the local links of every transfer of `step` not done yet (see [`local`]); whether
+    /// one of them can move already.
+    fn arm(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Result<bool, FabricError> {
+        for (t, p) in step.iter().zip(progress) {
+            if p.done == t.len() {
+                continue;
+            }
+            let c = t.channel();
+            let link = &self.links[c.peer][c.link];
+            let Some(local) = &link.local else {
+                continue;
+            };
+            let ready = match t.direction() {
+                Direction::Send => local.arm_send(),
+                Direction::Recv => local.arm_recv(),
+            };
+            match ready {
+                Ok(true) => return Ok(true),
+                Ok(false) => {}
+                Err(e) => {
+                    let e = io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+                    return Err(failure(t, p.done, &e));
+                }
+            }
+        }
+        Ok(false)
     }
 }
 
@@ -494,6 +691,88 @@ mod tests {
         let zero = TcpFabric::from_streams(0, vec![vec![], vec![opened]]).expect("rank 0");
         let one = TcpFabric::from_streams(1, vec![vec![accepted], vec![]]).expect("rank 1");
         (zero, one)
+    }
+
+    /// [`pair`], with a local link carrying the connection's bytes.
+    #[cfg(target_os = "linux")]
+    fn local_pair() -> (TcpFabric, TcpFabric) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let opened = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        let (accepted, _) = listener.accept().expect("accept");
+        let (opener, acceptor) = local::linux::pair();
+        let zero = TcpFabric::from_links(0, vec![vec![], vec![(opened, Some(opener))]]);
+        let one = TcpFabric::from_links(1, vec![vec![(accepted, Some(acceptor))], vec![]]);
+        (zero.expect("rank 0"), one.expect("rank 1"))
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_local_link_delivers_whole_elements_in_order_across_its_wrap_at_any_offset() {
+        // Three bytes first, so every element of the reduction's receive straddles the
+        // queue's wrap somewhere; more than the queue holds, so the sender parks for room.
+        let (mut zero, mut one) = local_pair();
+        let len = 2 * local::CAPACITY + 4 * 1001;
+        let data: Vec<u8> = (0..3 + len).map(|i| (i * 13 % 251) as u8).collect();
+        let sent = data.clone();
+        let sender = std::thread::spawn(move || {
+            let mut step = [Transfer::Send {
+                channel: Channel::new(0, 0),
+                data: &sent,
+            }];
+            let deadline = one.now() + Duration::from_secs(30);
+            one.run(&mut step, deadline).expect("send");
+        });
+        let mut head = [0u8; 3];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Into(&mut head),
+        }];
+        let deadline = zero.now() + Duration::from_secs(30);
+        zero.run(&mut step, deadline).expect("the first bytes");
+        let mut got = vec![0u8; len];
+        let mut pieces = 0;
+        let mut sink = |offset: usize, bytes: &[u8]| {
+            assert_eq!(bytes.len() % 4, 0, "a piece of whole elements");
+            got[offset..offset + bytes.len()].copy_from_slice(bytes);
+            pieces += 1;
+        };
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Sink {
+                len,
+                grain: 4,
+                sink: &mut sink,
+            },
+        }];
+        zero.run(&mut step, deadline).expect("the elements");
+        sender.join().expect("the sender");
+        assert_eq!(&head, &data[..3]);
+        assert!(got == data[3..], "the elements, in order");
+        assert!(pieces >= 2, "{pieces} pieces");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_peer_that_closes_a_local_link_fails_a_waiting_receive_as_closed() {
+        // The queue stays empty, so only the TCP connection's end can tell the receive: it
+        // comes through the poll the receive parks in.
+        let (mut zero, one) = local_pair();
+        drop(one);
+        let mut buf = [0u8; 8];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Into(&mut buf),
+        }];
+        let started = Instant::now();
+        let deadline = zero.now() + Duration::from_secs(30);
+        let e = zero.run(&mut step, deadline).expect_err("the peer left");
+        assert_eq!(e.kind, FailureKind::Closed, "{e}");
+        assert_eq!(e.peer(), 1, "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

@@ -70,16 +70,19 @@ impl Listening {
     }
 
     /// Connects rank `rank` of the sub-group's ring over `nodes` (every member's addresses, in
-    /// sub-group order; `nodes[rank]` are this rank's) within `timeout`.
+    /// sub-group order; `nodes[rank]` are this rank's) within `timeout`, its links `local`
+    /// where they can be (see `TcpFabric::connect_ring`).
     pub(crate) fn connect(
         self,
         nodes: &[Vec<String>],
         rank: usize,
         timeout: Duration,
         key: Option<&Key>,
+        local: bool,
         log: &Log,
     ) -> Result<TcpFabric, Error> {
-        let sockets = connect::connect_ring_on(nodes, rank, self.listeners, timeout, key, log)?;
+        let sockets =
+            connect::connect_ring_on(nodes, rank, self.listeners, timeout, key, local, log)?;
         TcpFabric::from_ring_sockets(rank, nodes.len(), sockets)
     }
 }

@@ -46,6 +46,28 @@ impl Reassembly {
         self.pending..self.pending + room
     }
 
+    /// Delivers whole elements straight from `bytes`, the next bytes of the stream, when no
+    /// partial element is pending (a source that can lend its bytes in place, as a local
+    /// link's queue, needs no scratch): at most what is left of the receive, whole elements
+    /// only. Returns how many bytes it took; the rest (a partial element, or everything while
+    /// one is pending) goes through [`absorb`](Self::absorb).
+    pub fn absorb_in_place(
+        &mut self,
+        bytes: &[u8],
+        mut deliver: impl FnMut(usize, &[u8]),
+    ) -> usize {
+        if self.pending != 0 {
+            return 0;
+        }
+        let n = bytes.len().min(self.len - self.done);
+        let whole = n - n % self.grain;
+        if whole > 0 {
+            deliver(self.done, &bytes[..whole]);
+            self.done += whole;
+        }
+        whole
+    }
+
     /// Takes `read` bytes just written into `scratch` at [`next_read`](Self::next_read): hands
     /// every whole element to `deliver(offset, bytes)` and keeps the partial tail at the front
     /// of `scratch`.
@@ -97,6 +119,35 @@ mod tests {
         let joined: Vec<u8> = got.iter().flat_map(|(_, b)| b.clone()).collect();
         assert_eq!(joined, stream);
         assert_eq!(got[0].0, 0);
+    }
+
+    #[test]
+    fn bytes_lent_in_place_are_delivered_whole_and_a_partial_tail_is_left_for_the_scratch() {
+        let stream: Vec<u8> = (0..12).collect();
+        let mut r = Reassembly::new(12, 4);
+        let mut got = Vec::new();
+        let took = r.absorb_in_place(&stream[..6], |off, b| got.push((off, b.to_vec())));
+        assert_eq!(took, 4, "one whole element of the six bytes");
+        // The partial element goes through the scratch; while it is pending nothing is lent.
+        let mut scratch = [0u8; 8];
+        let at = r.next_read(scratch.len());
+        scratch[at.start..at.start + 2].copy_from_slice(&stream[4..6]);
+        r.absorb(&mut scratch, 2, |off, b| got.push((off, b.to_vec())));
+        assert_eq!(
+            r.absorb_in_place(&stream[6..], |_, _| panic!("lent while pending")),
+            0
+        );
+        let at = r.next_read(scratch.len());
+        scratch[at.start..at.start + 2].copy_from_slice(&stream[6..8]);
+        r.absorb(&mut scratch, 2, |off, b| got.push((off, b.to_vec())));
+        assert_eq!(
+            r.absorb_in_place(&stream[8..], |off, b| got.push((off, b.to_vec()))),
+            4
+        );
+        assert!(r.is_complete());
+        let joined: Vec<u8> = got.iter().flat_map(|(_, b)| b.clone()).collect();
+        assert_eq!(joined, stream);
+        assert_eq!(r.absorb_in_place(&[9; 4], |_, _| panic!("past the end")), 0);
     }
 
     #[test]

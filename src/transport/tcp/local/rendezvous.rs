@@ -1,0 +1,344 @@
+//! How two ranks agree that a TCP connection between them becomes a local link, without a
+//! byte on that connection that MLX's ring would not send.
+//!
+//! 1. The acceptor, next to each TCP listener, binds a Unix socket in the abstract namespace
+//!    named after the listener's address ([`Offers::bind`]). Abstract names belong to a
+//!    network namespace of one kernel and vanish with their socket, so only a process on this
+//!    machine and in this namespace finds one, and none is ever left behind. MLX's ranks bind
+//!    none.
+//! 2. The opener, before it connects over TCP, binds its TCP socket (to learn its port) and
+//!    connects to the name of the address it is about to connect to ([`propose`]). If that
+//!    works, it sends a hello (a magic, its TCP port, the queue size) with the link's memory
+//!    file attached (`SCM_RIGHTS`), and only then connects over TCP. So when the acceptor
+//!    accepts the TCP connection, the hello for it is already queued on its Unix listener:
+//!    what it finds there is final, with no wait and no race.
+//! 3. After the ring's setup, the acceptor takes the hellos waiting on each listener
+//!    ([`Offers::answer`]), keeps the one whose port is its TCP peer's (others are from
+//!    attempts the setup dropped), checks that the sender runs as the same user, maps the
+//!    memory, and answers one byte, 1. Then the opener waits for that byte
+//!    ([`Proposal::confirm`]), bounded by the setup's deadline: every rank answers before it
+//!    waits, so no wait depends on another.
+//!
+//! Anything unexpected (no name, a full backlog, a malformed hello, another user) leaves the
+//! link on TCP, where it works as before; only an opener whose acceptor took the hello and
+//! then never answered fails, naming the peer.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::time::Instant;
+
+use super::linux::{End, LocalLink};
+use super::memory::Mapping;
+use super::{CAPACITY, MAPPING};
+
+/// The first bytes of a hello: the protocol and its version.
+const MAGIC: &[u8; 8] = b"nuvecLL1";
+
+/// A hello: the magic, the opener's TCP port (u16 LE), the queue capacity (u32 LE).
+const HELLO: usize = MAGIC.len() + 2 + 4;
+
+/// The abstract name of the Unix socket beside a TCP listener on `addr`.
+fn name(addr: SocketAddr) -> String {
+    format!("nuvec-distributed/local-link/{addr}")
+}
+
+/// The hello of an opener whose TCP socket has `port`.
+fn hello(port: u16) -> [u8; HELLO] {
+    let mut h = [0u8; HELLO];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..10].copy_from_slice(&port.to_le_bytes());
+    h[10..].copy_from_slice(&(CAPACITY as u32).to_le_bytes());
+    h
+}
+
+/// The port a hello names, if it is one of this version with this crate's queue size.
+fn port_of(h: &[u8]) -> Option<u16> {
+    if h.len() != HELLO || &h[..8] != MAGIC || h[10..] != (CAPACITY as u32).to_le_bytes() {
+        return None;
+    }
+    Some(u16::from_le_bytes([h[8], h[9]]))
+}
+
+/// The acceptor's Unix listeners, one per TCP listener (`None` where none could be bound).
+pub(crate) struct Offers {
+    listeners: Vec<Option<UnixListener>>,
+}
+
+impl Offers {
+    /// Binds the name of every TCP listener address in `addrs`.
+    pub(crate) fn bind(addrs: &[SocketAddr]) -> Self {
+        let listeners = addrs
+            .iter()
+            .map(|&addr| {
+                let unix = UnixAddr::from_abstract_name(name(addr)).ok()?;
+                let listener = UnixListener::bind_addr(&unix).ok()?;
+                listener.set_nonblocking(true).ok()?;
+                Some(listener)
+            })
+            .collect();
+        Self { listeners }
+    }
+
+    /// The local link of the TCP connection accepted on listener `link` from `peer`, if its
+    /// opener proposed one: takes every hello waiting there.
+    pub(crate) fn answer(&mut self, link: usize, peer: SocketAddr) -> Option<LocalLink> {
+        let listener = self.listeners.get(link)?.as_ref()?;
+        let mut found = None;
+        loop {
+            let stream = match listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            if found.is_some() {
+                continue;
+            }
+            let Some((port, fd)) = take_hello(&stream) else {
+                continue;
+            };
+            if port != peer.port() {
+                continue;
+            }
+            let Ok(mapping) = Mapping::open(&fd, MAPPING) else {
+                continue;
+            };
+            if (&stream).write_all(&[1]).is_ok() {
+                found = Some(LocalLink::new(mapping, End::Acceptor));
+            }
+        }
+        found
+    }
+}
+
+/// The hello waiting on an accepted Unix connection and the memory file with it, if the sender
+/// runs as this process's user and the hello is well formed. Never waits: the hello was sent
+/// before the TCP connection it names.
+fn take_hello(stream: &UnixStream) -> Option<(u16, OwnedFd)> {
+    // SAFETY: `geteuid` has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if peer_uid(stream)? != uid {
+        return None;
+    }
+    let mut buf = [0u8; HELLO + 1];
+    let (n, fd) = recv_with_fd(stream, &mut buf).ok()?;
+    let port = port_of(&buf[..n])?;
+    Some((port, fd?))
+}
+
+/// The user the process at the other end of `stream` runs as (`SO_PEERCRED`).
+fn peer_uid(stream: &UnixStream) -> Option<libc::uid_t> {
+    // SAFETY: an all-zero `ucred` is a valid value of the plain C struct.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live and writable, `len` holds `cred`'s size, and the
+    // descriptor is the open socket `stream` borrows for the call.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+/// The opener's side of one proposed local link: its Unix connection and the memory.
+pub(crate) struct Proposal {
+    stream: UnixStream,
+    mapping: Mapping,
+}
+
+impl std::fmt::Debug for Proposal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Proposal")
+    }
+}
+
+/// Proposes a local link to the acceptor listening on `to`, for the TCP connection about to be
+/// opened from `port`; `None` if there is no such acceptor on this machine (an MLX rank, a
+/// remote host) or anything fails, and the link stays TCP.
+pub(crate) fn propose(to: SocketAddr, port: u16) -> Option<Proposal> {
+    let unix = UnixAddr::from_abstract_name(name(to)).ok()?;
+    let stream = UnixStream::connect_addr(&unix).ok()?;
+    let (mapping, fd) = Mapping::create(MAPPING).ok()?;
+    send_with_fd(&stream, &hello(port), &fd).ok()?;
+    Some(Proposal { stream, mapping })
+}
+
+impl Proposal {
+    /// Waits until `until` for the acceptor's answer: the local link, or `None` if it closed
+    /// without one (the link stays TCP). An error if it neither answered nor closed in time.
+    pub(crate) fn confirm(self, until: Instant) -> io::Result<Option<LocalLink>> {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut answer = [0u8; 1];
+        loop {
+            return match (&self.stream).read(&mut answer) {
+                Ok(1) if answer[0] == 1 => Ok(Some(LocalLink::new(self.mapping, End::Opener))),
+                Ok(_) => Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    Err(io::ErrorKind::TimedOut.into())
+                }
+                Err(e) => Err(e),
+            };
+        }
+    }
+}
+
+/// The space for one descriptor's control message.
+fn cmsg_space() -> usize {
+    // SAFETY: `CMSG_SPACE` only computes a size.
+    unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) as usize }
+}
+
+/// Sends `bytes` with the descriptor `fd` attached, in one message.
+fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result<()> {
+    let mut control = [0u64; 4];
+    let space = cmsg_space();
+    assert!(space <= size_of_val(&control), "control buffer");
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr().cast_mut().cast(),
+        iov_len: bytes.len(),
+    };
+    // SAFETY: an all-zero `msghdr` is a valid value of the plain C struct.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` describes a control buffer of `space` bytes, room for one header and one
+    // descriptor; `CMSG_FIRSTHDR` only computes where the first header goes.
+    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    if cmsg.is_null() {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    // SAFETY: an all-zero `cmsghdr` is a valid value of the plain C struct.
+    let mut header: libc::cmsghdr = unsafe { std::mem::zeroed() };
+    header.cmsg_level = libc::SOL_SOCKET;
+    header.cmsg_type = libc::SCM_RIGHTS;
+    // SAFETY: `CMSG_LEN` only computes a size.
+    header.cmsg_len = unsafe { libc::CMSG_LEN(size_of::<libc::c_int>() as u32) } as _;
+    // SAFETY: `cmsg` points into `control`, with room for the header (above).
+    unsafe { cmsg.write_unaligned(header) };
+    // SAFETY: `CMSG_DATA` only computes where the header's data goes, inside `control`.
+    let data = unsafe { libc::CMSG_DATA(cmsg) };
+    // SAFETY: `data` points at room for one descriptor inside `control` (CMSG_SPACE of one).
+    unsafe { data.cast::<libc::c_int>().write_unaligned(fd.as_raw_fd()) };
+    // SAFETY: `msg` points at `iov` (over `bytes`, which the kernel only reads) and at
+    // `control`; every pointer outlives the call.
+    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    match usize::try_from(sent) {
+        Ok(n) if n == bytes.len() => Ok(()),
+        Ok(_) => Err(io::ErrorKind::WriteZero.into()),
+        Err(_) => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Receives one message into `buf` without waiting, and the descriptor attached to it.
+fn recv_with_fd(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut control = [0u64; 4];
+    let space = cmsg_space();
+    assert!(space <= size_of_val(&control), "control buffer");
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero `msghdr` is a valid value of the plain C struct.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg`'s buffers are live and writable for the call; `MSG_CMSG_CLOEXEC` makes any
+    // received descriptor close-on-exec.
+    let n = unsafe {
+        libc::recvmsg(
+            stream.as_raw_fd(),
+            &mut msg,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        )
+    };
+    let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+    // A truncated control message (more than one descriptor, say) is not a hello; the kernel
+    // drops the descriptors that did not fit.
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Ok((n, None));
+    }
+    // SAFETY: `CMSG_FIRSTHDR` reads `msg`'s control fields, which the kernel set, and returns
+    // the first header inside `control` or null.
+    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    if cmsg.is_null() {
+        return Ok((n, None));
+    }
+    // SAFETY: a non-null first header lies wholly inside `control`, written by the kernel.
+    let header = unsafe { cmsg.read_unaligned() };
+    let one = size_of::<libc::c_int>() as u32;
+    // SAFETY: `CMSG_LEN` only computes a size.
+    let len = unsafe { libc::CMSG_LEN(one) } as usize;
+    if header.cmsg_level != libc::SOL_SOCKET
+        || header.cmsg_type != libc::SCM_RIGHTS
+        || header.cmsg_len as usize != len
+    {
+        return Ok((n, None));
+    }
+    // SAFETY: `CMSG_DATA` only computes where the header's data is, inside `control`.
+    let data = unsafe { libc::CMSG_DATA(cmsg) };
+    // SAFETY: the header says it carries exactly one descriptor, at `data`.
+    let raw = unsafe { data.cast::<libc::c_int>().read_unaligned() };
+    // SAFETY: a descriptor passed with SCM_RIGHTS is new in this process and owned by no one
+    // else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok((n, Some(fd)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_hello_names_its_port_and_a_malformed_one_names_none() {
+        assert_eq!(port_of(&hello(4242)), Some(4242));
+        let mut h = hello(1);
+        h[0] ^= 1;
+        assert_eq!(port_of(&h), None, "magic");
+        assert_eq!(port_of(&hello(1)[..HELLO - 1]), None, "short");
+        let mut h = hello(1);
+        h[12] ^= 1;
+        assert_eq!(port_of(&h), None, "another queue size");
+    }
+
+    #[test]
+    fn a_proposal_the_acceptor_matches_becomes_a_link_and_others_stay_tcp() {
+        // A made-up listener address: nothing binds TCP here, only the name.
+        let at: SocketAddr = "127.0.0.1:1".parse().expect("address");
+        let addr = SocketAddr::new(at.ip(), 40_000 + (std::process::id() % 20_000) as u16);
+        let mut offers = Offers::bind(&[addr]);
+        let stale = propose(addr, 1111).expect("a proposal");
+        let kept = propose(addr, 2222).expect("another");
+        let peer = SocketAddr::new(addr.ip(), 2222);
+        let mut acceptor = offers.answer(0, peer).expect("the matching hello");
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut opener = kept.confirm(until).expect("answered").expect("a link");
+        assert!(stale.confirm(until).expect("closed").is_none(), "stays TCP");
+        opener.write(b"hi").expect("write");
+        let mut got = [0u8; 2];
+        assert_eq!(acceptor.read(&mut got).expect("read").0, 2);
+        assert_eq!(&got, b"hi");
+    }
+
+    #[test]
+    fn without_an_acceptor_of_this_crate_there_is_no_proposal() {
+        let addr: SocketAddr = "127.0.0.1:9".parse().expect("address");
+        assert!(propose(addr, 1234).is_none());
+    }
+}
