@@ -498,6 +498,9 @@ mod tests {
         a_spin_above_a_second_is_refused:
             spin, [("NUVEC_DISTRIBUTED_SPIN_US", "1000001")]
                 => ["NUVEC_DISTRIBUTED_SPIN_US=\"1000001\"", "limit of 1000000 microseconds"];
+        a_local_links_value_other_than_0_or_1_is_refused:
+            local_links, [("NUVEC_DISTRIBUTED_LOCAL_LINKS", "yes")]
+                => ["NUVEC_DISTRIBUTED_LOCAL_LINKS=\"yes\"", "neither 1", "nor 0"];
         a_short_key_is_refused_without_showing_it:
             key, [("NUVEC_DISTRIBUTED_KEY", "fifteen-bytes!!")]
                 => ["NUVEC_DISTRIBUTED_KEY is too short", "15 bytes", "at least 16"];
@@ -545,6 +548,17 @@ mod tests {
     }
 
     #[test]
+    fn local_links_are_read_as_1_or_0_and_unset_is_none() {
+        let read = |vars: &[(&str, &str)]| {
+            let f = lookup(vars);
+            Env::from_fn(&f).local_links().expect("a valid value")
+        };
+        assert_eq!(read(&[(LOCAL_LINKS, "1")]), Some(true));
+        assert_eq!(read(&[(LOCAL_LINKS, " 0 ")]), Some(false));
+        assert_eq!(read(&[]), None);
+    }
+
+    #[test]
     fn a_spin_is_read_in_microseconds_and_zero_parks_at_once() {
         let spin = |v: &str| {
             let f = lookup(&[("NUVEC_DISTRIBUTED_SPIN_US", v)]);
@@ -569,7 +583,7 @@ mod tests {
     fn non_utf8_values_are_errors_naming_the_variable() {
         use std::os::unix::ffi::OsStringExt;
         let bad = || OsString::from_vec(vec![b'1', 0xff]);
-        for name in [MLX_RANK, TIMEOUT, LOG, KEY, SPIN] {
+        for name in [MLX_RANK, TIMEOUT, LOG, KEY, SPIN, LOCAL_LINKS] {
             let f = |n: &str| match n {
                 "MLX_HOSTFILE" => Some(OsString::from("h")),
                 n if n == name => Some(bad()),
@@ -581,6 +595,7 @@ mod tests {
                 TIMEOUT => message(env.timeout()),
                 LOG => message(env.log_level()),
                 SPIN => message(env.spin()),
+                LOCAL_LINKS => message(env.local_links()),
                 _ => message(env.key()),
             };
             assert!(m.contains(name) && m.contains("not valid UTF-8"), "{m}");

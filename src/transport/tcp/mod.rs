@@ -354,29 +354,18 @@ fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io:
             if link.gone {
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
-            while p.done < data.len() {
-                let (n, r) = local.write(&data[p.done..]).map_err(corrupt)?;
-                ring |= r;
-                if n == 0 {
-                    break;
-                }
-                p.done += n;
-                moved = true;
-            }
+            moved = pump(&mut p.done, data.len(), &mut ring, |at| {
+                local.write(&data[at..])
+            })
+            .map_err(corrupt)?;
         }
         Transfer::Recv {
             landing: Landing::Into(buf),
             ..
         } => {
-            while p.done < buf.len() {
-                let (n, r) = local.read(&mut buf[p.done..]).map_err(corrupt)?;
-                ring |= r;
-                if n == 0 {
-                    break;
-                }
-                p.done += n;
-                moved = true;
-            }
+            let len = buf.len();
+            moved = pump(&mut p.done, len, &mut ring, |at| local.read(&mut buf[at..]))
+                .map_err(corrupt)?;
         }
         Transfer::Recv {
             landing: landing @ Landing::Sink { .. },
@@ -420,6 +409,28 @@ fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io:
     }
     if !moved && link.gone && p.done < t.len() {
         return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(moved)
+}
+
+/// Runs `copy` (one copy into or out of a local link's queue from offset `done` of a transfer
+/// of `len` bytes, returning how many bytes it moved and whether to ring) until the transfer
+/// is done or a copy moves nothing; whether any moved.
+fn pump(
+    done: &mut usize,
+    len: usize,
+    ring: &mut bool,
+    mut copy: impl FnMut(usize) -> Result<(usize, bool), local::Corrupt>,
+) -> Result<bool, local::Corrupt> {
+    let mut moved = false;
+    while *done < len {
+        let (n, r) = copy(*done)?;
+        *ring |= r;
+        if n == 0 {
+            break;
+        }
+        *done += n;
+        moved = true;
     }
     Ok(moved)
 }

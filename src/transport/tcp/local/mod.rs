@@ -29,6 +29,8 @@
 
 #[cfg(target_os = "linux")]
 mod memory;
+// Off Linux only its `Corrupt` is used (by the type without values below).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 mod queue;
 #[cfg(target_os = "linux")]
 mod rendezvous;
@@ -40,12 +42,15 @@ pub(crate) use queue::Corrupt;
 
 /// The bytes each direction of a local link queues: large enough that a step's segment
 /// streams without a hand-off per socket-buffer's worth, small enough for many links.
+#[cfg(target_os = "linux")]
 pub(crate) const CAPACITY: usize = 2 << 20;
 
 /// The counters' page before each queue's bytes.
+#[cfg(target_os = "linux")]
 const HEADER: usize = 4096;
 
 /// A link's memory: two queues.
+#[cfg(target_os = "linux")]
 const MAPPING: usize = 2 * (HEADER + CAPACITY);
 
 #[cfg(target_os = "linux")]
@@ -296,6 +301,13 @@ pub(crate) enum LocalLink {}
 #[cfg(not(target_os = "linux"))]
 impl LocalLink {
     pub(crate) fn write(&mut self, _: &[u8]) -> Result<(usize, bool), Corrupt> {
+        match *self {}
+    }
+    pub(crate) fn read_in_place(
+        &mut self,
+        _: usize,
+        _: impl FnOnce(&[u8]) -> usize,
+    ) -> Result<(usize, bool), Corrupt> {
         match *self {}
     }
     pub(crate) fn read(&mut self, _: &mut [u8]) -> Result<(usize, bool), Corrupt> {

@@ -163,11 +163,24 @@ impl std::fmt::Debug for Proposal {
 /// opened from `port`; `None` if there is no such acceptor on this machine (an MLX rank, a
 /// remote host) or anything fails, and the link stays TCP.
 pub(crate) fn propose(to: SocketAddr, port: u16) -> Option<Proposal> {
-    let unix = UnixAddr::from_abstract_name(name(to)).ok()?;
-    let stream = UnixStream::connect_addr(&unix).ok()?;
+    let stream = connect_now(&name(to))?;
     let (mapping, fd) = Mapping::create(MAPPING).ok()?;
     send_with_fd(&stream, &hello(port), &fd).ok()?;
     Some(Proposal { stream, mapping })
+}
+
+/// A connection to the abstract Unix socket `name`, made without waiting: a listener whose
+/// backlog is full (strangers can connect to an abstract name) gives none, where a blocking
+/// connect would wait for room without end.
+fn connect_now(name: &str) -> Option<UnixStream> {
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).ok()?;
+    socket.set_nonblocking(true).ok()?;
+    // A path that starts with a NUL byte names the abstract namespace.
+    let path = std::path::PathBuf::from(format!("\0{name}"));
+    socket.connect(&socket2::SockAddr::unix(path).ok()?).ok()?;
+    socket.set_nonblocking(false).ok()?;
+    socket.set_cloexec(true).ok()?;
+    Some(socket.into())
 }
 
 impl Proposal {
@@ -334,6 +347,31 @@ mod tests {
         let mut got = [0u8; 2];
         assert_eq!(acceptor.read(&mut got).expect("read").0, 2);
         assert_eq!(&got, b"hi");
+    }
+
+    #[test]
+    fn a_listener_with_a_full_backlog_gives_no_connection_instead_of_a_wait() {
+        use socket2::{Domain, SockAddr, Socket, Type};
+        let name = format!("nuvec-distributed/test-backlog/{}", std::process::id());
+        let listener = Socket::new(Domain::UNIX, Type::STREAM, None).expect("socket");
+        let path = std::path::PathBuf::from(format!("\0{name}"));
+        listener
+            .bind(&SockAddr::unix(path).expect("address"))
+            .expect("bind");
+        listener.listen(0).expect("listen");
+        // Connections nobody accepts fill the backlog; then the next one must not wait.
+        let mut held = Vec::new();
+        let started = Instant::now();
+        while let Some(stream) = connect_now(&name) {
+            held.push(stream);
+            assert!(held.len() < 64, "the backlog never filled");
+        }
+        assert!(!held.is_empty(), "the first connection goes in");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]
