@@ -69,10 +69,8 @@ pub(crate) fn connect_ring_on(
     let links = nodes[rank].len();
     // Offered before the first connection can arrive (see `local`'s rendezvous).
     let offers = local.then(|| {
-        let addrs: Vec<SocketAddr> = listeners
-            .iter()
-            .filter_map(|(_, l)| l.local_addr().ok())
-            .collect();
+        let addrs: Vec<Option<SocketAddr>> =
+            listeners.iter().map(|(_, l)| l.local_addr().ok()).collect();
         Offers::bind(&addrs)
     });
     let started = Instant::now();
@@ -421,7 +419,8 @@ struct Driver<'a> {
     /// Local links this rank's listeners offer (`None`: local links are off).
     offers: Option<Offers>,
     arrivals: Vec<Arrival>,
-    accepted: Vec<Option<TcpStream>>,
+    /// The connection kept on each link, and its local link if its opener proposed one.
+    accepted: Vec<Option<(TcpStream, Option<LocalLink>)>>,
     next_conn: u64,
 }
 
@@ -495,7 +494,14 @@ impl<'a> Driver<'a> {
                 Action::AuthenticateAccepted { conn, .. } => self.authenticate_accepted(conn)?,
                 Action::Keep { conn, link } => {
                     if let Some(arrival) = self.take_arrival(conn) {
-                        self.accepted[link] = Some(TcpStream::from(arrival.stream));
+                        // Answered now, not after the setup: the opener's wait for the answer
+                        // must not depend on this rank's other connections. Its hello was
+                        // queued before it connected, so it is there already.
+                        let local = self
+                            .offers
+                            .as_mut()
+                            .and_then(|offers| offers.answer(link, arrival.peer));
+                        self.accepted[link] = Some((TcpStream::from(arrival.stream), local));
                     }
                 }
                 Action::Drop { conn, link, why } => {
@@ -531,21 +537,18 @@ impl<'a> Driver<'a> {
         }
         self.arrivals.clear();
         let mut left = Vec::with_capacity(self.accepted.len());
-        for (link, stream) in std::mem::take(&mut self.accepted).into_iter().enumerate() {
+        for (link, kept) in std::mem::take(&mut self.accepted).into_iter().enumerate() {
             let address = self.own(link);
-            let Some(stream) = stream else {
+            let Some((stream, local)) = kept else {
                 return Err(format!("no connection on {address}"));
             };
             stream
                 .set_nonblocking(false)
                 .map_err(|e| format!("accepted socket on {address}: {e}"))?;
-            let local = match (&mut self.offers, stream.peer_addr()) {
-                (Some(offers), Ok(peer)) => offers.answer(link, peer),
-                _ => None,
-            };
             left.push((stream, local));
         }
-        // Every rank answers the proposals it took before it waits for answers to its own.
+        // Every acceptor answered the proposal of a connection when it kept it, so this wait
+        // is for a rank that has accepted this rank's connection already.
         let right_rank = self.setup.right();
         let mut right = Vec::with_capacity(self.opened.len());
         for (link, (stream, proposal)) in std::mem::take(&mut self.opened).into_iter().enumerate() {

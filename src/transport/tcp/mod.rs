@@ -342,49 +342,57 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
     Ok(moved)
 }
 
-/// [`advance`] over a local link: the same moves, through its queues.
+/// [`advance`] over a local link: the same moves, through its queues. A copy that frees
+/// room or fills bytes the peer parked for rings it at once, not after the whole pass.
 fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Result<bool> {
-    let Some(local) = &mut link.local else {
+    let Link {
+        stream,
+        scratch,
+        local: Some(local),
+        gone,
+    } = link
+    else {
         return Ok(false);
     };
+    let ring = |r: bool| if r { doorbell(stream) } else { Ok(()) };
     let corrupt = |e: local::Corrupt| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
-    let (mut moved, mut ring) = (false, false);
+    let mut moved = false;
     match t {
         Transfer::Send { data, .. } => {
-            if link.gone {
+            if *gone {
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
-            moved = pump(&mut p.done, data.len(), &mut ring, |at| {
-                local.write(&data[at..])
-            })
-            .map_err(corrupt)?;
+            moved = pump(&mut p.done, data.len(), ring, |at| {
+                local.write(&data[at..]).map_err(corrupt)
+            })?;
         }
         Transfer::Recv {
             landing: Landing::Into(buf),
             ..
         } => {
             let len = buf.len();
-            moved = pump(&mut p.done, len, &mut ring, |at| local.read(&mut buf[at..]))
-                .map_err(corrupt)?;
+            moved = pump(&mut p.done, len, ring, |at| {
+                local.read(&mut buf[at..]).map_err(corrupt)
+            })?;
         }
         Transfer::Recv {
             landing: landing @ Landing::Sink { .. },
             ..
         } => {
             let (len, grain) = (landing.len(), landing.grain());
-            link.scratch.reserve(grain);
-            let scratch = link.scratch.bytes();
+            scratch.reserve(grain);
+            let scratch = scratch.bytes();
             while !p.stream.is_complete() {
                 // Whole elements are reduced straight from the queue; an element split by the
                 // queue's wrap (or by the writer's progress) is put together in the scratch.
                 let left = len - p.stream.done();
-                let stream = &mut p.stream;
+                let reassembly = &mut p.stream;
                 let (n, r) = local
                     .read_in_place(left, |bytes| {
-                        stream.absorb_in_place(bytes, |offset, b| landing.deliver(offset, b))
+                        reassembly.absorb_in_place(bytes, |offset, b| landing.deliver(offset, b))
                     })
                     .map_err(corrupt)?;
-                ring |= r;
+                ring(r)?;
                 if n > 0 {
                     moved = true;
                     continue;
@@ -393,7 +401,7 @@ fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io:
                 let at = p.stream.next_read(scratch.len());
                 let at = at.start..at.start + (grain - at.start).min(at.len());
                 let (n, r) = local.read(&mut scratch[at]).map_err(corrupt)?;
-                ring |= r;
+                ring(r)?;
                 if n == 0 {
                     break;
                 }
@@ -404,28 +412,25 @@ fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io:
             p.done = p.stream.done();
         }
     }
-    if ring {
-        doorbell(&link.stream)?;
-    }
-    if !moved && link.gone && p.done < t.len() {
+    if !moved && *gone && p.done < t.len() {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     Ok(moved)
 }
 
 /// Runs `copy` (one copy into or out of a local link's queue from offset `done` of a transfer
-/// of `len` bytes, returning how many bytes it moved and whether to ring) until the transfer
-/// is done or a copy moves nothing; whether any moved.
+/// of `len` bytes, returning how many bytes it moved and whether the peer must be rung, which
+/// `ring` does) until the transfer is done or a copy moves nothing; whether any moved.
 fn pump(
     done: &mut usize,
     len: usize,
-    ring: &mut bool,
-    mut copy: impl FnMut(usize) -> Result<(usize, bool), local::Corrupt>,
-) -> Result<bool, local::Corrupt> {
+    ring: impl Fn(bool) -> io::Result<()>,
+    mut copy: impl FnMut(usize) -> io::Result<(usize, bool)>,
+) -> io::Result<bool> {
     let mut moved = false;
     while *done < len {
         let (n, r) = copy(*done)?;
-        *ring |= r;
+        ring(r)?;
         if n == 0 {
             break;
         }

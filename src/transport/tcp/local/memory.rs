@@ -9,6 +9,10 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
+/// The seals of a link's memory file: its size is fixed for good (neither end can shrink it
+/// under the other's mapping) and no seal can be added or removed.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
 /// A shared mapping of a whole memory file, unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct Mapping {
@@ -26,7 +30,10 @@ impl Mapping {
     pub(crate) fn create(len: usize) -> io::Result<(Self, OwnedFd)> {
         // SAFETY: the name is a NUL-terminated literal; the call returns a new descriptor or -1.
         let fd = unsafe {
-            libc::memfd_create(c"nuvec-distributed local link".as_ptr(), libc::MFD_CLOEXEC)
+            libc::memfd_create(
+                c"nuvec-distributed local link".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
         };
         if fd < 0 {
             return Err(io::Error::last_os_error());
@@ -38,12 +45,27 @@ impl Mapping {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
             return Err(io::Error::last_os_error());
         }
+        // SAFETY: `fd` is an open memory file made with MFD_ALLOW_SEALING; the seals are flags.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
         Ok((Self::map(&fd, len)?, fd))
     }
 
     /// Maps the memory file `fd` a peer handed over, which must be exactly `len` bytes long (a
-    /// shorter one would fault on access past its end).
+    /// shorter one would fault on access past its end), with its size sealed ([`SEALS`]): a
+    /// peer that could shrink it later would make this rank's next access past the new end
+    /// fault.
     pub(crate) fn open(fd: &OwnedFd, len: usize) -> io::Result<Self> {
+        // SAFETY: `fd` is an open descriptor; F_GET_SEALS only reads its seals (an error for
+        // anything but a sealable memory file).
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & SEALS != SEALS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the peer's memory file is not a memory file sealed against resizing",
+            ));
+        }
         // SAFETY: an all-zero `stat` is a valid value of the plain C struct `fstat` fills.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `fd` is open and `st` is a live, writable `stat`.

@@ -284,6 +284,13 @@ pub(crate) mod linux {
         }
 
         #[test]
+        fn a_file_whose_size_is_not_sealed_is_refused() {
+            let file = std::fs::File::open("/proc/self/exe").expect("a file");
+            let e = Mapping::open(&file.into(), MAPPING).expect_err("not sealed");
+            assert!(e.to_string().contains("sealed"), "{e}");
+        }
+
+        #[test]
         fn a_memory_file_of_another_size_is_refused() {
             let (_, fd) = Mapping::create(4096).expect("memory file");
             let e = Mapping::open(&fd, MAPPING).expect_err("too small");
@@ -332,7 +339,7 @@ mod elsewhere {
     pub(crate) struct Offers;
 
     impl Offers {
-        pub(crate) fn bind(_: &[SocketAddr]) -> Self {
+        pub(crate) fn bind(_: &[Option<SocketAddr>]) -> Self {
             Offers
         }
         pub(crate) fn answer(&mut self, _: usize, _: SocketAddr) -> Option<LocalLink> {

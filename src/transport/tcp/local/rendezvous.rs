@@ -12,18 +12,19 @@
 //!    file attached (`SCM_RIGHTS`), and only then connects over TCP. So when the acceptor
 //!    accepts the TCP connection, the hello for it is already queued on its Unix listener:
 //!    what it finds there is final, with no wait and no race.
-//! 3. After the ring's setup, the acceptor takes the hellos waiting on each listener
-//!    ([`Offers::answer`]), keeps the one whose port is its TCP peer's (others are from
-//!    attempts the setup dropped), checks that the sender runs as the same user, maps the
-//!    memory, and answers one byte, 1. Then the opener waits for that byte
-//!    ([`Proposal::confirm`]), bounded by the setup's deadline: every rank answers before it
-//!    waits, so no wait depends on another.
+//! 3. When the acceptor's setup keeps a TCP connection, the acceptor takes the hellos waiting
+//!    on its listener ([`Offers::answer`]), keeps the one whose port is its TCP peer's (others
+//!    are from attempts the setup dropped), checks that the sender runs as the same user and
+//!    that the memory file's size is sealed, maps it, and answers one byte, 1. After its own
+//!    setup the opener waits for that byte ([`Proposal::confirm`]), bounded by the setup's
+//!    deadline: it comes as soon as the acceptor has accepted, whatever the acceptor's other
+//!    connections do. The opener, too, takes the name only from a process of its user.
 //!
 //! Anything unexpected (no name, a full backlog, a malformed hello, another user) leaves the
 //! link on TCP, where it works as before; only an opener whose acceptor took the hello and
 //! then never answered fails, naming the peer.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
@@ -62,17 +63,23 @@ fn port_of(h: &[u8]) -> Option<u16> {
     Some(u16::from_le_bytes([h[8], h[9]]))
 }
 
+/// The most hellos one answer takes: the opener's own attempts (one per connection the setup
+/// tried) are a handful.
+const MAX_HELLOS: usize = 64;
+
 /// The acceptor's Unix listeners, one per TCP listener (`None` where none could be bound).
 pub(crate) struct Offers {
     listeners: Vec<Option<UnixListener>>,
 }
 
 impl Offers {
-    /// Binds the name of every TCP listener address in `addrs`.
-    pub(crate) fn bind(addrs: &[SocketAddr]) -> Self {
+    /// Binds the name of every TCP listener address in `addrs` (listener c's at index c;
+    /// `None`: that listener offers nothing).
+    pub(crate) fn bind(addrs: &[Option<SocketAddr>]) -> Self {
         let listeners = addrs
             .iter()
             .map(|&addr| {
+                let addr = addr?;
                 let unix = UnixAddr::from_abstract_name(name(addr)).ok()?;
                 let listener = UnixListener::bind_addr(&unix).ok()?;
                 listener.set_nonblocking(true).ok()?;
@@ -83,11 +90,12 @@ impl Offers {
     }
 
     /// The local link of the TCP connection accepted on listener `link` from `peer`, if its
-    /// opener proposed one: takes every hello waiting there.
+    /// opener proposed one: takes the hellos waiting there (at most [`MAX_HELLOS`], so that a
+    /// process connecting without end cannot hold the setup here).
     pub(crate) fn answer(&mut self, link: usize, peer: SocketAddr) -> Option<LocalLink> {
         let listener = self.listeners.get(link)?.as_ref()?;
         let mut found = None;
-        loop {
+        for _ in 0..MAX_HELLOS {
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -105,8 +113,11 @@ impl Offers {
             let Ok(mapping) = Mapping::open(&fd, MAPPING) else {
                 continue;
             };
-            if (&stream).write_all(&[1]).is_ok() {
+            // Without SIGPIPE: the opener of a hello may have given up and closed.
+            let sent = socket2::SockRef::from(&stream).send_with_flags(&[1], libc::MSG_NOSIGNAL);
+            if matches!(sent, Ok(1)) {
                 found = Some(LocalLink::new(mapping, End::Acceptor));
+                break;
             }
         }
         found
@@ -117,9 +128,7 @@ impl Offers {
 /// runs as this process's user and the hello is well formed. Never waits: the hello was sent
 /// before the TCP connection it names.
 fn take_hello(stream: &UnixStream) -> Option<(u16, OwnedFd)> {
-    // SAFETY: `geteuid` has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    if peer_uid(stream)? != uid {
+    if !same_user(stream) {
         return None;
     }
     let mut buf = [0u8; HELLO + 1];
@@ -128,7 +137,16 @@ fn take_hello(stream: &UnixStream) -> Option<(u16, OwnedFd)> {
     Some((port, fd?))
 }
 
-/// The user the process at the other end of `stream` runs as (`SO_PEERCRED`).
+/// Whether the process at the other end of `stream` runs as this process's user: anyone may
+/// bind or connect to an abstract name, and a link's memory must be shared with no one else.
+fn same_user(stream: &UnixStream) -> bool {
+    // SAFETY: `geteuid` has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    peer_uid(stream) == Some(uid)
+}
+
+/// The user the process at the other end of `stream` runs as (`SO_PEERCRED`: for a connecting
+/// socket, the listener's at the time it listened).
 fn peer_uid(stream: &UnixStream) -> Option<libc::uid_t> {
     // SAFETY: an all-zero `ucred` is a valid value of the plain C struct.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
@@ -164,6 +182,10 @@ impl std::fmt::Debug for Proposal {
 /// remote host) or anything fails, and the link stays TCP.
 pub(crate) fn propose(to: SocketAddr, port: u16) -> Option<Proposal> {
     let stream = connect_now(&name(to))?;
+    // A name another user bound first must not get the link's memory.
+    if !same_user(&stream) {
+        return None;
+    }
     let (mapping, fd) = Mapping::create(MAPPING).ok()?;
     send_with_fd(&stream, &hello(port), &fd).ok()?;
     Some(Proposal { stream, mapping })
@@ -297,19 +319,34 @@ fn recv_with_fd(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Optio
     let one = size_of::<libc::c_int>() as u32;
     // SAFETY: `CMSG_LEN` only computes a size.
     let len = unsafe { libc::CMSG_LEN(one) } as usize;
-    if header.cmsg_level != libc::SOL_SOCKET
-        || header.cmsg_type != libc::SCM_RIGHTS
-        || header.cmsg_len as usize != len
-    {
+    if header.cmsg_level != libc::SOL_SOCKET || header.cmsg_type != libc::SCM_RIGHTS {
         return Ok((n, None));
     }
+    // SAFETY: `CMSG_LEN` only computes a size.
+    let empty = unsafe { libc::CMSG_LEN(0) } as usize;
+    // The descriptors the kernel put in this process, however many the sender attached (as
+    // many as the control buffer holds): every one is owned here, and closed unless it is the
+    // one a hello carries.
+    let count = (header.cmsg_len as usize).saturating_sub(empty) / size_of::<libc::c_int>();
+    let room = (space - empty) / size_of::<libc::c_int>();
     // SAFETY: `CMSG_DATA` only computes where the header's data is, inside `control`.
-    let data = unsafe { libc::CMSG_DATA(cmsg) };
-    // SAFETY: the header says it carries exactly one descriptor, at `data`.
-    let raw = unsafe { data.cast::<libc::c_int>().read_unaligned() };
-    // SAFETY: a descriptor passed with SCM_RIGHTS is new in this process and owned by no one
-    // else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<libc::c_int>();
+    let mut fds = Vec::with_capacity(count.min(room));
+    for i in 0..count.min(room) {
+        let at = data.wrapping_add(i);
+        // SAFETY: the header says it carries `count` descriptors at `data`, inside `control`
+        // (and no more are read than `control` has room for).
+        let raw = unsafe { at.read_unaligned() };
+        // SAFETY: a descriptor passed with SCM_RIGHTS is new in this process and owned by no
+        // one else.
+        fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+    }
+    if header.cmsg_len as usize != len || fds.len() != 1 {
+        return Ok((n, None));
+    }
+    let Some(fd) = fds.pop() else {
+        return Ok((n, None));
+    };
     Ok((n, Some(fd)))
 }
 
@@ -335,7 +372,7 @@ mod tests {
         // A made-up listener address: nothing binds TCP here, only the name.
         let at: SocketAddr = "127.0.0.1:1".parse().expect("address");
         let addr = SocketAddr::new(at.ip(), 40_000 + (std::process::id() % 20_000) as u16);
-        let mut offers = Offers::bind(&[addr]);
+        let mut offers = Offers::bind(&[Some(addr)]);
         let stale = propose(addr, 1111).expect("a proposal");
         let kept = propose(addr, 2222).expect("another");
         let peer = SocketAddr::new(addr.ip(), 2222);
