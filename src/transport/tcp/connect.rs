@@ -185,7 +185,7 @@ fn connect_to(
     within: Duration,
     local: bool,
 ) -> io::Result<(TcpStream, Option<Proposal>)> {
-    if !local {
+    if !local || !cfg!(target_os = "linux") {
         return Ok((TcpStream::connect_timeout(addr, within)?, None));
     }
     let socket = Socket::new(
@@ -193,15 +193,56 @@ fn connect_to(
         Type::STREAM,
         Some(Protocol::TCP),
     )?;
-    let any = match addr {
-        SocketAddr::V4(_) => SocketAddr::from(([0u8; 4], 0)),
-        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
-    };
-    socket.bind(&SockAddr::from(any))?;
-    let port = socket.local_addr()?.as_socket().map(|a| a.port());
+    let port = bind_like_connect(&socket, addr);
     let proposal = port.and_then(|port| local::propose(*addr, port));
     socket.connect_timeout(&SockAddr::from(*addr), within)?;
     Ok((socket.into(), proposal))
+}
+
+/// Binds `socket`, about to connect to `to`, to a port of its own choosing, the way `connect`
+/// would have: an even port of the ephemeral range. Linux's `bind` to port 0 picks odd ports
+/// (it leaves the even ones to `connect`), and odd ports are what a launcher or a test finds
+/// "free" by binding port 0 and releasing it before a rank listens there: taking one of those
+/// could fail that listener. `None` (the socket left unbound, so the connection stays TCP) if
+/// no even port could be had in a few tries.
+fn bind_like_connect(socket: &Socket, to: &SocketAddr) -> Option<u16> {
+    const TRIES: u32 = 64;
+    let (low, high) = ephemeral_ports();
+    let evens = u32::from(high.saturating_sub(low)) / 2;
+    if evens == 0 {
+        return None;
+    }
+    let mut seed = [0u8; 4];
+    getrandom::fill(&mut seed).ok()?;
+    let first = u32::from_le_bytes(seed) % evens;
+    let base = u32::from(low) + u32::from(low) % 2;
+    for i in 0..TRIES.min(evens) {
+        let port = u16::try_from(base + 2 * ((first + i) % evens)).ok()?;
+        let any = match to {
+            SocketAddr::V4(_) => SocketAddr::from(([0u8; 4], port)),
+            SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], port)),
+        };
+        match socket.bind(&SockAddr::from(any)) {
+            Ok(()) => return Some(port),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// The kernel's ephemeral port range (`/proc/sys/net/ipv4/ip_local_port_range`; Linux's
+/// default where it cannot be read).
+fn ephemeral_ports() -> (u16, u16) {
+    const DEFAULT: (u16, u16) = (32768, 60999);
+    let Ok(text) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
+        return DEFAULT;
+    };
+    let mut bounds = text.split_whitespace().map(str::parse::<u16>);
+    match (bounds.next(), bounds.next()) {
+        (Some(Ok(low)), Some(Ok(high))) if low < high => (low, high),
+        _ => DEFAULT,
+    }
 }
 
 /// The two ends of the connections being made.
@@ -787,6 +828,33 @@ impl<'a> Driver<'a> {
                 "authentication with rank {peer} at {} (connection {link}) failed: {why}",
                 self.theirs(*link)
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_opener_binds_an_even_ephemeral_port_as_connect_would_not_an_odd_one_bind_gives() {
+        let (low, high) = ephemeral_ports();
+        let to: SocketAddr = "127.0.0.1:9".parse().expect("address");
+        for _ in 0..8 {
+            let socket =
+                Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).expect("socket");
+            let port = bind_like_connect(&socket, &to).expect("a port");
+            assert_eq!(port % 2, 0, "{port}");
+            assert!(
+                (low..=high).contains(&port),
+                "{port} outside {low}..={high}"
+            );
+            let bound = socket
+                .local_addr()
+                .expect("bound")
+                .as_socket()
+                .expect("inet");
+            assert_eq!(bound.port(), port);
         }
     }
 }
