@@ -68,7 +68,7 @@ mod transport;
 pub use backend::{Backend, RingGroup, connect_jaccl, connect_ring, is_available};
 pub use collective::reduce;
 pub use config::hostfile;
-pub use config::options::{DEFAULT_SPIN, MAX_SPIN, Options};
+pub use config::options::{DEFAULT_SPIN, MAX_SPIN, Options, Wire, WireChoice};
 pub use config::{AddressProblem, ConfigError, FileKind, HostfileProblem, RankProblem};
 pub use error::Error;
 pub use jaccl::JacclFabric;

@@ -27,6 +27,44 @@ pub struct Options {
     pub(crate) spin: Spin,
     pub(crate) progress: Option<Duration>,
     pub(crate) local_links: bool,
+    pub(crate) wire: WireChoice,
+}
+
+/// Which wire a ring may speak, as asked for (`NUVEC_DISTRIBUTED_WIRE`, [`Options::wire`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WireChoice {
+    /// The nuvec wire where every rank of the job speaks it, MLX's wire otherwise (the
+    /// default).
+    #[default]
+    Auto,
+    /// MLX's wire on every link, whoever the peers are.
+    Mlx,
+    /// The nuvec wire, or no group: setup fails naming a rank that cannot speak it.
+    Nuvec,
+}
+
+/// The wire a ring speaks once its ranks have agreed: one for the whole job.
+///
+/// MLX's wire is raw element bytes in MLX's order (what Python MLX ranks and nuvec-distributed
+/// 0.5 speak); the nuvec wire is this crate's own, chosen only where every rank speaks it: each
+/// operation's first bytes on each link carry a fingerprint of the call, so ranks that called
+/// different collectives (or passed different sizes) fail naming both calls instead of
+/// returning wrong numbers, and small reductions take ⌈(R−1)/2⌉ hops instead of 2(R−1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Wire {
+    /// MLX's wire, byte for byte.
+    Mlx,
+    /// This crate's wire.
+    Nuvec,
+}
+
+impl std::fmt::Display for Wire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Wire::Mlx => "MLX's wire",
+            Wire::Nuvec => "the nuvec wire",
+        })
+    }
 }
 
 /// How a step that cannot progress looks for bytes before it parks (the fabrics' `wait`
@@ -56,6 +94,7 @@ impl Default for Options {
             spin: Spin::Adaptive(DEFAULT_SPIN),
             progress: None,
             local_links: true,
+            wire: WireChoice::Auto,
         }
     }
 }
@@ -122,6 +161,14 @@ impl Options {
     /// [`tcp`](crate::transport::tcp) for what it changes and why.
     pub fn local_links(mut self, on: bool) -> Self {
         self.local_links = on;
+        self
+    }
+
+    /// Which wire the ring may speak (default [`WireChoice::Auto`]: the nuvec wire where every
+    /// rank of the job speaks it; `NUVEC_DISTRIBUTED_WIRE=auto|mlx|nuvec` for
+    /// [`init`](crate::init)). See [`Wire`].
+    pub fn wire(mut self, wire: WireChoice) -> Self {
+        self.wire = wire;
         self
     }
 

@@ -12,6 +12,7 @@ use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
 use crate::collective::split::Splitter;
+use crate::config::options::Wire;
 use crate::error::Error;
 use crate::fabric::Fabric;
 
@@ -24,6 +25,8 @@ pub struct RingCommunicator<F: Fabric> {
     core: Core<F, Vec<u8>>,
     /// How its fabric makes a sub-group's (`split`); `None`: it cannot.
     splitter: Option<Arc<dyn Splitter<F>>>,
+    /// The wire every rank of the ring agreed on.
+    wire: Wire,
 }
 
 impl<F: Fabric> std::fmt::Debug for RingCommunicator<F> {
@@ -51,7 +54,20 @@ impl<F: Fabric> RingCommunicator<F> {
             ring,
             core: Core::new(ring.rank(), fabric, Vec::new(), timeout),
             splitter: None,
+            wire: Wire::Mlx,
         }
+    }
+
+    /// Speaks `wire` (every rank of the ring must speak the same; [`new`](Self::new) speaks
+    /// MLX's).
+    pub fn with_wire(mut self, wire: Wire) -> Self {
+        self.wire = wire;
+        self
+    }
+
+    /// The wire this ring speaks.
+    pub fn wire(&self) -> Wire {
+        self.wire
     }
 
     /// This rank's place in the ring.
