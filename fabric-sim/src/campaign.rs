@@ -24,10 +24,10 @@
 use std::time::Duration;
 
 use nuvec_core::DType;
-use nuvec_distributed::RingCommunicator;
 use nuvec_distributed::fabric::{Channel, Fabric};
 use nuvec_distributed::jaccl::{FrameRule, JacclCommunicator};
 use nuvec_distributed::reduce::Reduction;
+use nuvec_distributed::{RingCommunicator, Wire};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -87,6 +87,8 @@ pub struct Scenario {
     pub ranks: usize,
     /// Links per neighbour.
     pub links: usize,
+    /// The ring's wire (the ring only: JACCL speaks MLX's).
+    pub wire: Wire,
     /// The collectives, in order.
     pub ops: Vec<Op>,
     /// The fault, if any.
@@ -242,6 +244,12 @@ impl Scenario {
         if let Some(f) = &fault {
             sim = sim.fault(f.clone());
         }
+        // The wire too has its own stream, so the rest of every scenario stays what it was.
+        let wire = if ChaCha8Rng::seed_from_u64(seed ^ 0x0002_0a1e).random_bool(0.5) {
+            Wire::Nuvec
+        } else {
+            Wire::Mlx
+        };
         Self {
             seed,
             backend,
@@ -249,6 +257,7 @@ impl Scenario {
             rule,
             ranks,
             links,
+            wire,
             ops,
             fault,
             sim,
@@ -399,7 +408,9 @@ fn run_rank(scenario: &Scenario, fabric: crate::SimFabric) -> RankLog {
     let rank = fabric.rank();
     let ranks = scenario.ranks;
     let comm: Box<dyn Collectives> = match scenario.backend {
-        Backend::Ring => Box::new(RingCommunicator::new(fabric, scenario.links, TIMEOUT)),
+        Backend::Ring => Box::new(
+            RingCommunicator::new(fabric, scenario.links, TIMEOUT).with_wire(scenario.wire),
+        ),
         Backend::JacclMesh => Box::new(JacclCommunicator::mesh(fabric, scenario.rule, TIMEOUT)),
         Backend::JacclRing => Box::new(JacclCommunicator::ring(
             fabric,

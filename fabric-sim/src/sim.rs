@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nuvec_core::distributed::Group;
-use nuvec_distributed::RingCommunicator;
 use nuvec_distributed::fabric::{ChannelKind, Wiring};
 use nuvec_distributed::jaccl::{FrameRule, JacclCommunicator};
+use nuvec_distributed::{RingCommunicator, Wire};
 
 use crate::fabric::SimFabric;
 use crate::fault::Fault;
@@ -45,6 +45,8 @@ pub struct Sim {
     ring_links: Option<usize>,
     /// Message channels with RDMA UC semantics instead of streams.
     pub(crate) uc: Option<Uc>,
+    /// The wire of [`Sim::run_ring`]'s rings.
+    wire: Wire,
 }
 
 impl Sim {
@@ -70,6 +72,7 @@ impl Sim {
             record_wire: false,
             ring_links: None,
             uc: None,
+            wire: Wire::Nuvec,
         }
     }
 
@@ -98,6 +101,18 @@ impl Sim {
             ..uc
         });
         self
+    }
+
+    /// The wire [`Sim::run_ring`]'s rings speak: the nuvec wire by default (every rank of a
+    /// simulated job is this crate), [`Wire::Mlx`] to run MLX's byte for byte.
+    pub fn wire(mut self, wire: Wire) -> Self {
+        self.wire = wire;
+        self
+    }
+
+    /// The wire [`Sim::run_ring`]'s rings speak.
+    pub fn ring_wire(&self) -> Wire {
+        self.wire
     }
 
     /// The seed that fixes every choice (overridden by [`SEED_VAR`] when it is set).
@@ -159,7 +174,8 @@ impl Sim {
     }
 
     /// Runs `body` on every rank with its `nuvec_core` group: MLX's ring over this simulated
-    /// fabric, every operation bounded by `timeout` of virtual time. This is how to test your
+    /// fabric, speaking [`Sim::wire`] (the nuvec wire unless set), every operation bounded by
+    /// `timeout` of virtual time. This is how to test your
     /// own distributed nuvec code in one process, deterministically:
     ///
     /// ```
@@ -188,8 +204,9 @@ impl Sim {
             .expect("run_ring needs a simulation made by Sim::ring");
         self.run(|fabric| {
             let splitter = SimSplitter::new(&fabric, Shape::Ring { links });
-            let comm =
-                RingCommunicator::new(fabric, links, timeout).with_splitter(Arc::new(splitter));
+            let comm = RingCommunicator::new(fabric, links, timeout)
+                .with_wire(self.wire)
+                .with_splitter(Arc::new(splitter));
             body(Group::new(Arc::new(comm)))
         })
     }

@@ -145,7 +145,8 @@ macro_rules! lifecycle_of_core {
         where
             F: Send + 'static,
         {
-            let all_gather = |input: &[u8], output: &mut [u8]| self.try_all_gather(input, output);
+            let all_gather =
+                |input: &[u8], output: &mut [u8]| self.try_split_exchange(input, output);
             let parent = $crate::collective::split::Parent {
                 rank: self.core.rank(),
                 size: self.size(),

@@ -34,6 +34,9 @@ struct State<F, S> {
     history: std::collections::VecDeque<(u64, &'static str, Duration)>,
     /// After a failure: one line per peer, when and in which operation it was last heard.
     diagnosis: Vec<String>,
+    /// Whether a failure releases the fabric (and with it the links) at once, so that peers
+    /// waiting for this rank fail too (the nuvec wire) instead of waiting for their deadline.
+    close_on_failure: bool,
 }
 
 /// How many operations [`State`] remembers for the diagnosis.
@@ -49,6 +52,7 @@ impl<F: Fabric, S> State<F, S> {
             failed: None,
             history: std::collections::VecDeque::with_capacity(HISTORY),
             diagnosis: Vec::new(),
+            close_on_failure: false,
         }
     }
 
@@ -143,6 +147,9 @@ impl<F: Fabric, S> State<F, S> {
                 log.error(format_args!("{line}"));
             }
             self.failed = Some(error.clone());
+            if self.close_on_failure {
+                self.fabric = None;
+            }
             return Err(error);
         }
         Ok(())
@@ -175,6 +182,11 @@ impl<F: Fabric, S> Core<F, S> {
         };
         core.set_timeout(timeout);
         core
+    }
+
+    /// Makes a failure release the fabric at once (see [`State`]'s `close_on_failure`).
+    pub(crate) fn set_close_on_failure(&mut self, on: bool) {
+        self.lock().close_on_failure = on;
     }
 
     /// Prints failures to `log`.

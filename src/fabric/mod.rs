@@ -299,6 +299,10 @@ pub enum FailureKind {
     /// channel); the text names the rank.
     #[error("{0}")]
     Gone(String),
+    /// On the nuvec wire: the peer called another operation than this rank (or the same with
+    /// another size); the text names both calls.
+    #[error("{0}")]
+    Mismatch(String),
     /// The step made no progress for longer than its progress timeout.
     #[error("no progress for {waited:.3?}, past the progress timeout of {limit:?}")]
     NoProgress {

@@ -166,6 +166,12 @@ impl<F: Fabric> JacclCommunicator<F> {
         })
     }
 
+    /// The all-gather by which `split` exchanges every rank's color and key: JACCL's wire is
+    /// MLX's, so it is an ordinary all-gather.
+    fn try_split_exchange(&self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+        self.try_all_gather(input, output)
+    }
+
     /// [`Communicator::all_gather`](nuvec_core::distributed::Communicator::all_gather) with this crate's error.
     pub fn try_all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
         checks::one_part_per_rank(

@@ -18,6 +18,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::RingTopology;
+use super::checked::Headers;
 use super::schedule::{
     self, Flow, MLX_SMALL_PATH_LIMIT, Part, Phase, Side, all_gather_plan, all_gather_step,
     all_reduce_plan, all_reduce_step, all_reduce_steps, beyond_mlx_small_path, p2p_split, segment,
@@ -87,15 +88,18 @@ fn invalid(channel: Channel, direction: Direction, total: usize, what: String) -
 
 /// All-reduce `data` (elements of `reducer`'s dtype) in place over the ring, as MLX's
 /// `all_sum`/`all_max`/`all_min` (reference §2.6). `scratch` holds the zero-padded copy on the
-/// small path (E < R); it is reused across calls.
+/// small path (E < R); it is reused across calls. With `headers` (the nuvec wire), they are
+/// exchanged and checked first.
 pub fn all_reduce<F: Fabric + ?Sized>(
     fabric: &mut F,
     ring: &RingTopology,
     reducer: Reducer,
     data: &mut [u8],
     scratch: &mut Vec<u8>,
+    headers: Option<&mut Headers>,
     deadline: Duration,
 ) -> Result<(), FabricError> {
+    exchange(fabric, headers, deadline)?;
     let s = reducer.element_size();
     let plan = all_reduce_plan(data.len() / s, s, ring.size(), ring.conns());
     match plan.padded {
@@ -112,6 +116,22 @@ pub fn all_reduce<F: Fabric + ?Sized>(
             Ok(())
         }
     }
+}
+
+/// Exchanges and checks `headers` (the nuvec wire), if any, in a step of their own.
+fn exchange<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    headers: Option<&mut Headers>,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let Some(headers) = headers else {
+        return Ok(());
+    };
+    let mut step: Step<'_> = SmallVec::new();
+    headers.push(&mut step);
+    let result = fabric.run(&mut step, deadline);
+    drop(step);
+    headers.settle(result)
 }
 
 /// A peer's close during an all-reduce where MLX throws (E < R, s·R > 1024: a Python MLX rank
@@ -202,7 +222,8 @@ fn sub_reduces<F: Fabric + ?Sized>(
 }
 
 /// Gathers every rank's `input` into `output` (`input.len() × R` bytes, rank order), as MLX's
-/// ring `all_gather` (reference §2.7).
+/// ring `all_gather` (reference §2.7). With `headers` (the nuvec wire), they are exchanged
+/// and checked first.
 ///
 /// # Panics
 /// If `output.len() != input.len() * R` (the communicator checks it first).
@@ -211,8 +232,10 @@ pub fn all_gather<F: Fabric + ?Sized>(
     ring: &RingTopology,
     input: &[u8],
     output: &mut [u8],
+    headers: Option<&mut Headers>,
     deadline: Duration,
 ) -> Result<(), FabricError> {
+    exchange(fabric, headers, deadline)?;
     let (rank, ranks) = (ring.rank(), ring.size());
     let n = input.len();
     assert_eq!(output.len(), n * ranks, "all_gather: output size");
@@ -248,12 +271,14 @@ pub fn all_gather<F: Fabric + ?Sized>(
 
 /// Sends `data` to the neighbour `dst`, split over the connections as MLX's ring `send`
 /// (reference §2.8): `max(1024, ⌈n/C⌉)` bytes per socket, on the right sockets if `dst` is the
-/// right neighbour, else the left ones.
+/// right neighbour, else the left ones. With `headers` (the nuvec wire), the header goes first,
+/// in the same step.
 pub fn send<F: Fabric + ?Sized>(
     fabric: &mut F,
     ring: &RingTopology,
     dst: usize,
     data: &[u8],
+    headers: Option<&mut Headers>,
     deadline: Duration,
 ) -> Result<(), FabricError> {
     let Some(side) = schedule::send_side(ring.rank(), ring.size(), dst) else {
@@ -264,24 +289,32 @@ pub fn send<F: Fabric + ?Sized>(
             format!("rank {dst} is not a neighbour of rank {}", ring.rank()),
         ));
     };
-    let mut step: Step<'_> = p2p_split(data.len(), ring.conns())
-        .into_iter()
-        .enumerate()
-        .map(|(k, range)| Transfer::Send {
-            channel: ring.channel(side, k),
-            data: &data[range],
-        })
-        .collect();
+    let mut step: Step<'_> = SmallVec::new();
+    if let Some(headers) = headers {
+        headers.push(&mut step);
+    }
+    step.extend(
+        p2p_split(data.len(), ring.conns())
+            .into_iter()
+            .enumerate()
+            .map(|(k, range)| Transfer::Send {
+                channel: ring.channel(side, k),
+                data: &data[range],
+            }),
+    );
     fabric.run(&mut step, deadline)
 }
 
 /// Receives exactly `data.len()` bytes from the neighbour `src`, as MLX's ring `recv`: the left
-/// sockets if `src` is the left neighbour, else the right ones.
+/// sockets if `src` is the left neighbour, else the right ones. With `headers` (the nuvec
+/// wire), the send's header is received and checked first, in a step of its own: a peer that
+/// called something else may never send the bytes this receive waits for.
 pub fn recv<F: Fabric + ?Sized>(
     fabric: &mut F,
     ring: &RingTopology,
     src: usize,
     data: &mut [u8],
+    headers: Option<&mut Headers>,
     deadline: Duration,
 ) -> Result<(), FabricError> {
     let Some(side) = schedule::recv_side(ring.rank(), ring.size(), src) else {
@@ -292,6 +325,7 @@ pub fn recv<F: Fabric + ?Sized>(
             format!("rank {src} is not a neighbour of rank {}", ring.rank()),
         ));
     };
+    exchange(fabric, headers, deadline)?;
     let ranges = p2p_split(data.len(), ring.conns());
     let mut step: Step<'_> = carve(data, &ranges)
         .into_iter()

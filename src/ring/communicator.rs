@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use nuvec_core::DType;
 
-use super::{RingTopology, algorithm, schedule};
+use super::checked::Headers;
+use super::fingerprint::{Fingerprint, Op};
+use super::{RingTopology, algorithm, relay, schedule};
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
 use crate::collective::reduce::{Reducer, Reduction};
@@ -22,7 +24,7 @@ use crate::fabric::Fabric;
 /// `nuvec-fabric-sim`; wrap it in `nuvec_core::distributed::Group::new(Arc::new(..))`.
 pub struct RingCommunicator<F: Fabric> {
     ring: RingTopology,
-    core: Core<F, Vec<u8>>,
+    core: Core<F, RingState>,
     /// How its fabric makes a sub-group's (`split`); `None`: it cannot.
     splitter: Option<Arc<dyn Splitter<F>>>,
     /// The wire every rank of the ring agreed on.
@@ -52,7 +54,7 @@ impl<F: Fabric> RingCommunicator<F> {
         let ring = RingTopology::over(&fabric, conns, "ring");
         Self {
             ring,
-            core: Core::new(ring.rank(), fabric, Vec::new(), timeout),
+            core: Core::new(ring.rank(), fabric, RingState::new(ring.size()), timeout),
             splitter: None,
             wire: Wire::Mlx,
         }
@@ -62,6 +64,9 @@ impl<F: Fabric> RingCommunicator<F> {
     /// MLX's).
     pub fn with_wire(mut self, wire: Wire) -> Self {
         self.wire = wire;
+        // A rank that failed on the nuvec wire closes its links at once, so that its peers fail
+        // too instead of waiting for bytes it will never send (see `checked`).
+        self.core.set_close_on_failure(wire == Wire::Nuvec);
         self
     }
 
@@ -75,7 +80,7 @@ impl<F: Fabric> RingCommunicator<F> {
         self.ring
     }
 
-    lifecycle_of_core!(Vec<u8>);
+    lifecycle_of_core!(RingState);
 
     /// The number of ranks.
     fn size(&self) -> usize {
@@ -94,16 +99,39 @@ impl<F: Fabric> RingCommunicator<F> {
         let reducer = checks::reducer(name, op, dtype, len, Reducer::new, |op, what| {
             self.invalid(op, what)
         })?;
-        self.operate(name, len, |fabric, scratch, deadline| {
-            if self.ring.size() < 2 {
+        let ring = &self.ring;
+        self.operate(name, len, |fabric, state, deadline| {
+            if ring.size() < 2 {
                 return Ok(());
             }
-            algorithm::all_reduce(fabric, &self.ring, reducer, data, scratch, deadline)
+            let RingState { scratch, seqs } = state;
+            if self.wire == Wire::Mlx {
+                return algorithm::all_reduce(fabric, ring, reducer, data, scratch, None, deadline);
+            }
+            let ours = seqs.collective(ring, Op::reduction(op), Some(dtype), len);
+            if relay::relays(true, len, ring.size()) {
+                relay::all_reduce(fabric, ring, reducer, data, scratch, &ours, deadline)
+            } else {
+                let mut headers = Headers::collective(ring, ours);
+                let headers = Some(&mut headers);
+                algorithm::all_reduce(fabric, ring, reducer, data, scratch, headers, deadline)
+            }
         })
     }
 
     /// [`Communicator::all_gather`](nuvec_core::distributed::Communicator::all_gather) with this crate's error.
     pub fn try_all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+        self.gather(Op::AllGather, input, output)
+    }
+
+    /// The all-gather by which `split` exchanges every rank's color and key: on the nuvec wire
+    /// its fingerprint says `split`, so a rank that splits while another gathers is caught.
+    fn try_split_exchange(&self, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
+        self.gather(Op::Split, input, output)
+    }
+
+    /// An all-gather that the nuvec wire names `op`.
+    fn gather(&self, op: Op, input: &[u8], output: &mut [u8]) -> Result<(), Error> {
         checks::one_part_per_rank(
             "all_gather",
             "the output",
@@ -112,8 +140,19 @@ impl<F: Fabric> RingCommunicator<F> {
             self.ring.size(),
             |op, what| self.invalid(op, what),
         )?;
-        self.operate("all_gather", input.len(), |fabric, _, deadline| {
-            algorithm::all_gather(fabric, &self.ring, input, output, deadline)
+        let ring = &self.ring;
+        let name = op.name();
+        self.operate(name, input.len(), |fabric, state, deadline| {
+            if self.wire == Wire::Mlx || ring.size() < 2 {
+                return algorithm::all_gather(fabric, ring, input, output, None, deadline);
+            }
+            let ours = state.seqs.collective(ring, op, None, input.len());
+            if relay::relays(false, input.len(), ring.size()) {
+                relay::all_gather(fabric, ring, input, output, &ours, deadline)
+            } else {
+                let mut headers = Headers::collective(ring, ours);
+                algorithm::all_gather(fabric, ring, input, output, Some(&mut headers), deadline)
+            }
         })
     }
 
@@ -140,18 +179,111 @@ impl<F: Fabric> RingCommunicator<F> {
     /// [`Communicator::send`](nuvec_core::distributed::Communicator::send) with this crate's error.
     pub fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), Error> {
         self.check_peer("send", dst, true)?;
-        self.operate("send", data.len(), |fabric, _, deadline| {
-            algorithm::send(fabric, &self.ring, dst, data, deadline)
+        let ring = &self.ring;
+        self.operate("send", data.len(), |fabric, state, deadline| {
+            if self.wire == Wire::Mlx {
+                return algorithm::send(fabric, ring, dst, data, None, deadline);
+            }
+            let ours = state.seqs.point_to_point(ring, Op::Send, dst, data.len());
+            let side = schedule::send_side(ring.rank(), ring.size(), dst);
+            let mut headers = side.map(|side| Headers::send(ring, side, ours));
+            algorithm::send(fabric, ring, dst, data, headers.as_mut(), deadline)
         })
     }
 
     /// [`Communicator::recv`](nuvec_core::distributed::Communicator::recv) with this crate's error.
     pub fn try_recv(&self, src: usize, data: &mut [u8]) -> Result<(), Error> {
         self.check_peer("recv", src, false)?;
-        self.operate("recv", data.len(), |fabric, _, deadline| {
-            algorithm::recv(fabric, &self.ring, src, data, deadline)
+        let ring = &self.ring;
+        self.operate("recv", data.len(), |fabric, state, deadline| {
+            if self.wire == Wire::Mlx {
+                return algorithm::recv(fabric, ring, src, data, None, deadline);
+            }
+            let ours = state.seqs.point_to_point(ring, Op::Recv, src, data.len());
+            let side = schedule::recv_side(ring.rank(), ring.size(), src);
+            let mut headers = side.map(|side| Headers::recv(ring, side, src, ours));
+            algorithm::recv(fabric, ring, src, data, headers.as_mut(), deadline)
         })
     }
 }
 
 communicator_over_try!(RingCommunicator);
+
+/// What a ring keeps between operations, under the communicator's lock.
+pub(crate) struct RingState {
+    /// MLX's zero-padded copy on its small path; the relay's other vectors.
+    scratch: Vec<u8>,
+    /// The nuvec wire's sequence numbers.
+    seqs: Seqs,
+}
+
+impl RingState {
+    fn new(ranks: usize) -> Self {
+        Self {
+            scratch: Vec::new(),
+            seqs: Seqs {
+                collectives: 0,
+                sends: vec![0; ranks],
+                recvs: vec![0; ranks],
+            },
+        }
+    }
+}
+
+/// The nuvec wire's sequence numbers (see [`fingerprint`](super::fingerprint)): collectives
+/// for the group, sends and receives per peer.
+struct Seqs {
+    collectives: u64,
+    sends: Vec<u64>,
+    recvs: Vec<u64>,
+}
+
+impl Seqs {
+    /// The fingerprint of this rank's next collective, `op` of `bytes` per rank, and counts it.
+    fn collective(
+        &mut self,
+        ring: &RingTopology,
+        op: Op,
+        dtype: Option<DType>,
+        bytes: usize,
+    ) -> Fingerprint {
+        let seq = self.collectives;
+        self.collectives += 1;
+        Fingerprint {
+            op,
+            dtype,
+            seq,
+            bytes: bytes as u64,
+            origin: ring.rank(),
+            peer: None,
+        }
+    }
+
+    /// The fingerprint of this rank's next `op` (send or receive) with `peer`, of `bytes`,
+    /// and counts it.
+    fn point_to_point(
+        &mut self,
+        ring: &RingTopology,
+        op: Op,
+        peer: usize,
+        bytes: usize,
+    ) -> Fingerprint {
+        let counts = if op == Op::Send {
+            &mut self.sends
+        } else {
+            &mut self.recvs
+        };
+        let seq = counts.get(peer).copied().unwrap_or(0);
+        if let Some(count) = counts.get_mut(peer) {
+            *count += 1;
+        }
+        Fingerprint {
+            op,
+            dtype: None,
+            seq,
+            bytes: bytes as u64,
+            origin: ring.rank(),
+            peer: Some(peer),
+        }
+    }
+}

@@ -8,7 +8,10 @@
 //! connections as fabric channels.
 
 pub mod algorithm;
+pub mod checked;
 pub(crate) mod communicator;
+pub mod fingerprint;
+pub mod relay;
 pub mod schedule;
 pub(crate) mod split;
 

@@ -36,7 +36,7 @@ impl<F: Fabric + Send + 'static> RingCommunicator<F> {
     pub fn try_split(&self, color: i32, key: i32) -> Result<Arc<dyn Communicator>, Error> {
         let conns = self.topology().conns();
         self.split_with(color, key, |fabric| {
-            RingCommunicator::new(fabric, conns, self.timeout())
+            RingCommunicator::new(fabric, conns, self.timeout()).with_wire(self.wire())
         })
     }
 }

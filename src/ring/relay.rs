@@ -1,0 +1,225 @@
+//! The nuvec wire's small collectives: every rank's vector goes both ways round the ring at
+//! once, so an all-reduce or all-gather takes ⌈(R−1)/2⌉ hops where MLX's ring takes 2(R−1)
+//! and R−1.
+//!
+//! In step t (1 ≤ t ≤ ⌈(R−1)/2⌉) rank r receives the vector of rank r−t from its left
+//! neighbour and that of rank r+t from its right one, and sends on what it received in step
+//! t−1 (its own in step 1): to the right what came from the left, to the left what came from the
+//! right. With R even the last step's two vectors are one rank's, so only the rightward one
+//! moves. Every vector travels with the [`Fingerprint`] of its origin's call, and the headers of
+//! a step are checked as soon as the step is over, so every rank compares every other rank's
+//! call with its own before it folds or returns anything.
+//!
+//! An all-reduce then folds the R vectors in rank order (((v₀ ⊕ v₁) ⊕ v₂) …), the same
+//! sequence on every rank, so every rank returns the same bits, run after run, and max/min treat
+//! NaNs alike everywhere; the bits may differ from MLX's ring, which reduces each segment in
+//! another order. An all-gather lands each vector straight in its place of the output.
+//!
+//! Only link 0 to each neighbour is used: the ring's own links, which are all a hostfile of a
+//! Thunderbolt ring has. Each rank sends (R−1) vectors in all, against 2(R−1)/R of one for
+//! MLX's all-reduce, so above a few tens of KiB MLX's schedule wins; see [`relays`] for the
+//! crossovers and the measurements behind them.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::RingTopology;
+use super::algorithm::carve;
+use super::checked::mismatch;
+use super::fingerprint::{Fingerprint, HEADER};
+use super::schedule::Side;
+use crate::collective::reduce::Reducer;
+use crate::fabric::{Channel, Fabric, FabricError, Landing, Transfer};
+
+/// The largest all-reduce, in bytes per rank, that the relay takes.
+pub const ALL_REDUCE_CROSSOVER: usize = 64 * 1024;
+
+/// The largest all-gather, in bytes per rank, that the relay takes.
+pub const ALL_GATHER_CROSSOVER: usize = 64 * 1024;
+
+/// Whether an all-reduce (`reduce`) or all-gather of `bytes` per rank goes by the relay on
+/// the nuvec wire.
+pub fn relays(reduce: bool, bytes: usize, ranks: usize) -> bool {
+    let crossover = if reduce {
+        ALL_REDUCE_CROSSOVER
+    } else {
+        ALL_GATHER_CROSSOVER
+    };
+    ranks > 1 && bytes <= crossover
+}
+
+/// The number of steps of the relay over `ranks` ranks: ⌈(R−1)/2⌉.
+pub fn steps(ranks: usize) -> usize {
+    ranks / 2
+}
+
+/// All-reduces `data` (elements of `reducer`'s dtype) by the relay; `scratch` holds the other
+/// ranks' vectors (reused across calls). `ours` is this rank's call.
+pub fn all_reduce<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    reducer: Reducer,
+    data: &mut [u8],
+    scratch: &mut Vec<u8>,
+    ours: &Fingerprint,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let (n, ranks) = (data.len(), ring.size());
+    scratch.clear();
+    scratch.resize(n * ranks, 0);
+    scratch[ring.rank() * n..(ring.rank() + 1) * n].copy_from_slice(data);
+    relay(fabric, ring, scratch, n, ours, deadline)?;
+    data.copy_from_slice(&scratch[..n]);
+    for origin in 1..ranks {
+        reducer.apply(data, &scratch[origin * n..(origin + 1) * n]);
+    }
+    Ok(())
+}
+
+/// Gathers every rank's `input` into `output` (`input.len() × R` bytes, rank order) by the
+/// relay. `ours` is this rank's call.
+///
+/// # Panics
+/// If `output.len() != input.len() * R` (the communicator checks it first).
+pub fn all_gather<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    input: &[u8],
+    output: &mut [u8],
+    ours: &Fingerprint,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let (n, rank) = (input.len(), ring.rank());
+    assert_eq!(output.len(), n * ring.size(), "all_gather: output size");
+    output[rank * n..(rank + 1) * n].copy_from_slice(input);
+    relay(fabric, ring, output, n, ours, deadline)
+}
+
+/// The relay over `slots`, R slots of `n` bytes in rank order, this rank's filled: on return
+/// every slot holds its rank's vector, and every rank's call was found equal to `ours`.
+fn relay<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    slots: &mut [u8],
+    n: usize,
+    ours: &Fingerprint,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let (rank, ranks) = (ring.rank(), ring.size());
+    let mut headers = vec![0u8; HEADER * ranks];
+    headers[rank * HEADER..(rank + 1) * HEADER].copy_from_slice(&ours.encode());
+    let (right, left) = (ring.channel(Side::Right, 0), ring.channel(Side::Left, 0));
+    let at = |back: bool, t: usize| {
+        if back {
+            (rank + ranks - t % ranks) % ranks
+        } else {
+            (rank + t) % ranks
+        }
+    };
+    let last = steps(ranks);
+    for t in 1..=last {
+        let both = !(ranks.is_multiple_of(2) && t == last);
+        // (channel, origin) of each send and receive of the step.
+        let mut sends: SmallVec<[(Channel, usize); 2]> = SmallVec::new();
+        let mut recvs: SmallVec<[(Channel, usize); 2]> = SmallVec::new();
+        sends.push((right, at(true, t - 1)));
+        recvs.push((left, at(true, t)));
+        if both {
+            sends.push((left, at(false, t - 1)));
+            recvs.push((right, at(false, t)));
+        }
+        // One slice per distinct origin: the sends of step 1 are both this rank's vector.
+        let mut origins: SmallVec<[usize; 4]> = SmallVec::new();
+        for &(_, o) in sends.iter().chain(&recvs) {
+            if !origins.contains(&o) {
+                origins.push(o);
+            }
+        }
+        let span = |o: usize, size: usize| -> Range<usize> { o * size..(o + 1) * size };
+        let payload_ranges: SmallVec<[Range<usize>; 4]> =
+            origins.iter().map(|&o| span(o, n)).collect();
+        let header_ranges: SmallVec<[Range<usize>; 4]> =
+            origins.iter().map(|&o| span(o, HEADER)).collect();
+        let mut payloads: SmallVec<[Option<&mut [u8]>; 4]> = carve(slots, &payload_ranges)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut heads: SmallVec<[Option<&mut [u8]>; 4]> = carve(&mut headers, &header_ranges)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let index = |o: usize| origins.iter().position(|&x| x == o).unwrap_or(0);
+        // Sent slices are shared (the two sends of step 1 read one); received ones are not.
+        let mut shared: SmallVec<[(&[u8], &[u8]); 2]> = SmallVec::new();
+        for &(_, o) in &sends {
+            let i = index(o);
+            if let (Some(h), Some(p)) = (heads[i].take(), payloads[i].take()) {
+                shared.push((h, p));
+            } else if let Some(&(h, p)) = shared.first() {
+                shared.push((h, p));
+            }
+        }
+        let mut step: SmallVec<[Transfer<'_>; 8]> = SmallVec::new();
+        for (&(channel, _), &(h, p)) in sends.iter().zip(&shared) {
+            step.push(Transfer::Send { channel, data: h });
+            step.push(Transfer::Send { channel, data: p });
+        }
+        for &(channel, o) in &recvs {
+            let i = index(o);
+            if let (Some(h), Some(p)) = (heads[i].take(), payloads[i].take()) {
+                step.push(Transfer::Recv {
+                    channel,
+                    landing: Landing::Into(h),
+                });
+                step.push(Transfer::Recv {
+                    channel,
+                    landing: Landing::Into(p),
+                });
+            }
+        }
+        let result = fabric.run(&mut step, deadline);
+        drop((step, shared, heads, payloads));
+        // Every whole header of the step first: a peer that found a mismatch may have closed
+        // its links and so failed the step.
+        for &(channel, origin) in &recvs {
+            let Ok(h) = <&[u8; HEADER]>::try_from(&headers[origin * HEADER..(origin + 1) * HEADER])
+            else {
+                continue;
+            };
+            match Fingerprint::decode(h, rank) {
+                Some(theirs) if theirs.origin == origin && ours.matches(&theirs) => {}
+                Some(theirs) => return Err(mismatch(channel, ours.mismatch(&theirs))),
+                None if result.is_ok() => {
+                    return Err(mismatch(
+                        channel,
+                        format!(
+                            "no nuvec wire header for rank {origin}'s vector where this rank's \
+                             {} expected one (a rank speaking another wire, or a stream \
+                             misaligned by an earlier operation)",
+                            ours.op.name()
+                        ),
+                    ));
+                }
+                None => {}
+            }
+        }
+        result?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_relay_takes_half_the_ring_in_hops() {
+        let hops: Vec<usize> = (2..=9).map(steps).collect();
+        assert_eq!(hops, [1, 1, 2, 2, 3, 3, 4, 4]);
+        for ranks in 2..=9usize {
+            assert_eq!(steps(ranks), (ranks - 1).div_ceil(2), "{ranks}");
+        }
+    }
+}
