@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use nuvec_core::DType;
+use nuvec_distributed::WireChoice;
 use nuvec_distributed::jaccl::{MESH_MAX_PEERS, RING_MAX_CONNS};
 use nuvec_distributed::reduce::{DTYPES, Reduction};
 
@@ -14,7 +15,8 @@ pub(crate) const USAGE: &str = "usage: allreduce [--backend ring|jaccl|jaccl-rin
 [--conns C] [--fabric tcp|rdma|sim] \
 [--op all_sum|all_max|all_min|all_gather|sendrecv] [--dtype float32|...] \
 [--sizes 4K..64M|4K,1M,...] [--step F] [--iters K] [--warmup W] [--agg mean|max|rank0] \
-[--pingpong BYTES|0] [--no-wire] [--timeout SECS] [--spin US] [--tcp-only]";
+[--pingpong BYTES|0] [--no-wire] [--timeout SECS] [--spin US] [--tcp-only] \
+[--ring-wire auto|mlx|nuvec]";
 
 /// Whose algorithms are timed (`--backend`, by the names of MLX's launcher).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +157,9 @@ pub(crate) struct Args {
     /// `--tcp-only`: the ring's links stay TCP between ranks on one machine too
     /// ([`Options::local_links`](nuvec_distributed::Options::local_links) off).
     pub(crate) tcp_only: bool,
+    /// `--ring-wire`: which wire the ring may speak (`auto`, the default: the nuvec wire, every
+    /// rank being this bench).
+    pub(crate) ring_wire: WireChoice,
 }
 
 /// `4096`, `4K`, `1M`, `1G` (binary units).
@@ -211,6 +216,7 @@ impl Args {
             spin: None,
             rdma: false,
             tcp_only: false,
+            ring_wire: WireChoice::Auto,
         };
         let mut sizes: Option<String> = None;
         let mut step = 4usize;
@@ -256,6 +262,16 @@ impl Args {
                 "--pingpong" => a.pingpong = parse_bytes(&value("--pingpong")?)?,
                 "--no-wire" => a.wire = false,
                 "--tcp-only" => a.tcp_only = true,
+                "--ring-wire" => {
+                    a.ring_wire = match value("--ring-wire")?.as_str() {
+                        "auto" => WireChoice::Auto,
+                        "mlx" => WireChoice::Mlx,
+                        "nuvec" => WireChoice::Nuvec,
+                        other => {
+                            return Err(format!("no wire {other:?} (auto, mlx or nuvec)").into());
+                        }
+                    }
+                }
                 "--timeout" => a.timeout = Duration::from_secs_f64(value("--timeout")?.parse()?),
                 "--spin" => a.spin = Some(Duration::from_micros(value("--spin")?.parse()?)),
                 "-h" | "--help" => return Err(USAGE.into()),

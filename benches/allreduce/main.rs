@@ -165,7 +165,8 @@ fn run_ring_rank(args: &Args) -> Result<()> {
     let nodes = hostfile::read(Path::new(&path))?;
     let mut options = Options::default()
         .timeout(args.timeout)
-        .local_links(!args.tcp_only);
+        .local_links(!args.tcp_only)
+        .wire(args.ring_wire);
     if let Some(spin) = args.spin {
         options = options.spin(spin);
     }
@@ -176,12 +177,13 @@ fn run_ring_rank(args: &Args) -> Result<()> {
     let mut args = args.clone();
     args.conns = comm.topology().conns();
     let (host, _) = hostfile::split_address(&nodes[rank][0])?;
-    let fabric = if args.tcp_only {
+    let links = if args.tcp_only {
         "tcp only"
     } else {
         "tcp, local links between ranks on one machine"
     };
-    tcp_rank(&args, comm, &host, fabric)?;
+    let fabric = format!("{links}, {}", comm.wire());
+    tcp_rank(&args, comm, &host, &fabric)?;
     group.close();
     Ok(())
 }
