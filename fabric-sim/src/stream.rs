@@ -14,7 +14,9 @@ use std::sync::MutexGuard;
 use std::time::Duration;
 
 use crossbeam_utils::sync::Parker;
-use nuvec_distributed::fabric::{Channel, FabricError, FailureKind, Transfer, most_stuck};
+use nuvec_distributed::fabric::{
+    Channel, Direction, FabricError, FailureKind, Transfer, most_stuck,
+};
 use rand::RngExt;
 
 use crate::fabric::{crash_error, fail};
@@ -102,6 +104,19 @@ impl Shared {
                                 .expect("validated channel");
                             world.hash(&[2, rank as u64, channel.peer as u64, take as u64]);
                             world.pump((peer, Channel::new(rank, link)));
+                            if p.done == landing.len()
+                                && let Err(what) = landing.verdict()
+                            {
+                                // A checked receive is judged the moment it is whole.
+                                let (channel, total) = (*channel, landing.len());
+                                return Err(FabricError {
+                                    channel,
+                                    direction: Direction::Recv,
+                                    done: total,
+                                    total,
+                                    kind: FailureKind::Mismatch(what),
+                                });
+                            }
                         }
                         if p.done < landing.len() {
                             all_done = false;

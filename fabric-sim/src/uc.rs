@@ -159,6 +159,9 @@ impl Shared {
                     return Err(fail(t, 0, kind));
                 }
                 landing.deliver(0, &bytes);
+                if let Err(what) = landing.verdict() {
+                    return Err(fail(t, 0, FailureKind::Mismatch(what)));
+                }
                 done[i] = true;
                 remaining -= 1;
                 world.heard[rank][channel.peer] = Some(world.now);

@@ -107,13 +107,37 @@ pub enum Landing<'a> {
         /// Called on the caller's thread with each piece.
         sink: &'a mut dyn FnMut(usize, &[u8]),
     },
+    /// Into this buffer, as [`Landing::Into`], then judged by `check` the moment the last
+    /// byte lands: a refusal fails the step at once with [`FailureKind::Mismatch`] and its
+    /// text, whatever else the step waits for. The nuvec wire's headers land this way, so that
+    /// a rank whose peer called another operation never waits for bytes that peer will not send.
+    /// The TCP fabric and the simulator judge it; the RDMA fabric, which the nuvec wire never
+    /// runs over, delivers it as [`Landing::Into`].
+    Checked {
+        /// Where the bytes go; sets the length of the receive.
+        buf: &'a mut [u8],
+        /// The judge of the whole buffer.
+        check: &'a dyn Check,
+    },
+}
+
+/// The judge of a [`Landing::Checked`] receive: `Err` with the reason refuses the bytes.
+pub trait Check {
+    /// Judges the received `bytes`.
+    fn check(&self, bytes: &[u8]) -> Result<(), String>;
+}
+
+impl<F: Fn(&[u8]) -> Result<(), String>> Check for F {
+    fn check(&self, bytes: &[u8]) -> Result<(), String> {
+        self(bytes)
+    }
 }
 
 impl Landing<'_> {
     /// The number of bytes this receive takes.
     pub fn len(&self) -> usize {
         match self {
-            Landing::Into(buf) => buf.len(),
+            Landing::Into(buf) | Landing::Checked { buf, .. } => buf.len(),
             Landing::Sink { len, .. } => *len,
         }
     }
@@ -126,7 +150,7 @@ impl Landing<'_> {
     /// The granule of delivered pieces.
     pub fn grain(&self) -> usize {
         match self {
-            Landing::Into(_) => 1,
+            Landing::Into(_) | Landing::Checked { .. } => 1,
             Landing::Sink { grain, .. } => (*grain).max(1),
         }
     }
@@ -134,8 +158,18 @@ impl Landing<'_> {
     /// Hands `bytes`, which start `offset` bytes into this receive, to the landing.
     pub fn deliver(&mut self, offset: usize, bytes: &[u8]) {
         match self {
-            Landing::Into(buf) => buf[offset..offset + bytes.len()].copy_from_slice(bytes),
+            Landing::Into(buf) | Landing::Checked { buf, .. } => {
+                buf[offset..offset + bytes.len()].copy_from_slice(bytes)
+            }
             Landing::Sink { sink, .. } => sink(offset, bytes),
+        }
+    }
+
+    /// The judgement of a whole [`Landing::Checked`] receive (every other landing passes).
+    pub fn verdict(&self) -> Result<(), String> {
+        match self {
+            Landing::Checked { buf, check } => check.check(buf),
+            _ => Ok(()),
         }
     }
 }
@@ -145,6 +179,7 @@ impl fmt::Debug for Landing<'_> {
         match self {
             Landing::Into(buf) => write!(f, "Into({} bytes)", buf.len()),
             Landing::Sink { len, grain, .. } => write!(f, "Sink({len} bytes, grain {grain})"),
+            Landing::Checked { buf, .. } => write!(f, "Checked({} bytes)", buf.len()),
         }
     }
 }
@@ -217,6 +252,21 @@ impl Transfer<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Once a receive is complete: its landing's [`verdict`](Landing::verdict), as the
+    /// [`FailureKind::Mismatch`] failure of this transfer.
+    pub fn verdict(&self) -> Result<(), FabricError> {
+        let Transfer::Recv { channel, landing } = self else {
+            return Ok(());
+        };
+        landing.verdict().map_err(|what| FabricError {
+            channel: *channel,
+            direction: Direction::Recv,
+            done: landing.len(),
+            total: landing.len(),
+            kind: FailureKind::Mismatch(what),
+        })
     }
 
     /// The [`FailureKind::Invalid`] failure of this transfer, before any byte of it moved.

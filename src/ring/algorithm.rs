@@ -88,8 +88,8 @@ fn invalid(channel: Channel, direction: Direction, total: usize, what: String) -
 
 /// All-reduce `data` (elements of `reducer`'s dtype) in place over the ring, as MLX's
 /// `all_sum`/`all_max`/`all_min` (reference §2.6). `scratch` holds the zero-padded copy on the
-/// small path (E < R); it is reused across calls. With `headers` (the nuvec wire), they are
-/// exchanged and checked first.
+/// small path (E < R); it is reused across calls. With `headers` (the nuvec wire), they go
+/// ahead of the first step's bytes on their links and are checked as they land.
 pub fn all_reduce<F: Fabric + ?Sized>(
     fabric: &mut F,
     ring: &RingTopology,
@@ -99,39 +99,30 @@ pub fn all_reduce<F: Fabric + ?Sized>(
     headers: Option<&mut Headers>,
     deadline: Duration,
 ) -> Result<(), FabricError> {
-    exchange(fabric, headers, deadline)?;
     let s = reducer.element_size();
     let plan = all_reduce_plan(data.len() / s, s, ring.size(), ring.conns());
     match plan.padded {
-        None => sub_reduces(fabric, ring, reducer, data, &plan.parts, deadline),
+        None => sub_reduces(fabric, ring, reducer, data, &plan.parts, headers, deadline),
         Some(padded) => {
             // MLX copies E < R elements into R zeroed ones and reduces those, one per segment.
             scratch.clear();
             scratch.resize(padded * s, 0);
             scratch[..data.len()].copy_from_slice(data);
             let elements = data.len() / s;
-            sub_reduces(fabric, ring, reducer, scratch, &plan.parts, deadline)
-                .map_err(|e| beyond_mlx(e, elements, s, ring.size()))?;
+            sub_reduces(
+                fabric,
+                ring,
+                reducer,
+                scratch,
+                &plan.parts,
+                headers,
+                deadline,
+            )
+            .map_err(|e| beyond_mlx(e, elements, s, ring.size()))?;
             data.copy_from_slice(&scratch[..data.len()]);
             Ok(())
         }
     }
-}
-
-/// Exchanges and checks `headers` (the nuvec wire), if any, in a step of their own.
-fn exchange<F: Fabric + ?Sized>(
-    fabric: &mut F,
-    headers: Option<&mut Headers>,
-    deadline: Duration,
-) -> Result<(), FabricError> {
-    let Some(headers) = headers else {
-        return Ok(());
-    };
-    let mut step: Step<'_> = SmallVec::new();
-    headers.push(&mut step);
-    let result = fabric.run(&mut step, deadline);
-    drop(step);
-    headers.settle(result)
 }
 
 /// A peer's close during an all-reduce where MLX throws (E < R, s·R > 1024: a Python MLX rank
@@ -159,11 +150,13 @@ fn sub_reduces<F: Fabric + ?Sized>(
     reducer: Reducer,
     data: &mut [u8],
     parts: &[Part],
+    mut headers: Option<&mut Headers>,
     deadline: Duration,
 ) -> Result<(), FabricError> {
     let (rank, ranks) = (ring.rank(), ring.size());
     let s = reducer.element_size();
     for t in 0..all_reduce_steps(ranks) {
+        let first = headers.take();
         let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
         let mut phase = Phase::Copy;
         for part in parts {
@@ -190,6 +183,9 @@ fn sub_reduces<F: Fabric + ?Sized>(
                     .map(|local| (local.len(), reducing(reducer, local)))
                     .collect();
                 let mut step: Step<'_> = SmallVec::new();
+                if let Some(h) = first {
+                    h.push(&mut step);
+                }
                 for ((part, data), (len, sink)) in parts.iter().zip(sends).zip(sinks.iter_mut()) {
                     let (to, from) = channels(ring, part);
                     step.push(Transfer::Send { channel: to, data });
@@ -206,6 +202,9 @@ fn sub_reduces<F: Fabric + ?Sized>(
             }
             Phase::Copy => {
                 let mut step: Step<'_> = SmallVec::new();
+                if let Some(h) = first {
+                    h.push(&mut step);
+                }
                 for ((part, data), into) in parts.iter().zip(sends).zip(recvs) {
                     let (to, from) = channels(ring, part);
                     step.push(Transfer::Send { channel: to, data });
@@ -222,8 +221,8 @@ fn sub_reduces<F: Fabric + ?Sized>(
 }
 
 /// Gathers every rank's `input` into `output` (`input.len() × R` bytes, rank order), as MLX's
-/// ring `all_gather` (reference §2.7). With `headers` (the nuvec wire), they are exchanged
-/// and checked first.
+/// ring `all_gather` (reference §2.7). With `headers` (the nuvec wire), they go ahead of the
+/// first step's bytes on their links and are checked as they land.
 ///
 /// # Panics
 /// If `output.len() != input.len() * R` (the communicator checks it first).
@@ -232,10 +231,9 @@ pub fn all_gather<F: Fabric + ?Sized>(
     ring: &RingTopology,
     input: &[u8],
     output: &mut [u8],
-    headers: Option<&mut Headers>,
+    mut headers: Option<&mut Headers>,
     deadline: Duration,
 ) -> Result<(), FabricError> {
-    exchange(fabric, headers, deadline)?;
     let (rank, ranks) = (ring.rank(), ring.size());
     let n = input.len();
     assert_eq!(output.len(), n * ranks, "all_gather: output size");
@@ -250,6 +248,9 @@ pub fn all_gather<F: Fabric + ?Sized>(
         }
         let mut slices = carve(output, &ranges).into_iter();
         let mut step: Step<'_> = SmallVec::new();
+        if let Some(h) = headers.take() {
+            h.push(&mut step);
+        }
         for part in &parts {
             let (to, from) = channels(ring, part);
             let (Some(send), Some(recv)) = (slices.next(), slices.next()) else {
@@ -307,8 +308,8 @@ pub fn send<F: Fabric + ?Sized>(
 
 /// Receives exactly `data.len()` bytes from the neighbour `src`, as MLX's ring `recv`: the left
 /// sockets if `src` is the left neighbour, else the right ones. With `headers` (the nuvec
-/// wire), the send's header is received and checked first, in a step of its own: a peer that
-/// called something else may never send the bytes this receive waits for.
+/// wire), the send's header comes first and is checked as it lands: a peer that called
+/// something else may never send the bytes this receive waits for.
 pub fn recv<F: Fabric + ?Sized>(
     fabric: &mut F,
     ring: &RingTopology,
@@ -325,16 +326,20 @@ pub fn recv<F: Fabric + ?Sized>(
             format!("rank {src} is not a neighbour of rank {}", ring.rank()),
         ));
     };
-    exchange(fabric, headers, deadline)?;
     let ranges = p2p_split(data.len(), ring.conns());
-    let mut step: Step<'_> = carve(data, &ranges)
-        .into_iter()
-        .enumerate()
-        .map(|(k, into)| Transfer::Recv {
-            channel: ring.channel(side, k),
-            landing: Landing::Into(into),
-        })
-        .collect();
+    let mut step: Step<'_> = SmallVec::new();
+    if let Some(headers) = headers {
+        headers.push(&mut step);
+    }
+    step.extend(
+        carve(data, &ranges)
+            .into_iter()
+            .enumerate()
+            .map(|(k, into)| Transfer::Recv {
+                channel: ring.channel(side, k),
+                landing: Landing::Into(into),
+            }),
+    );
     fabric.run(&mut step, deadline)
 }
 

@@ -6,9 +6,9 @@
 //! neighbour and that of rank r+t from its right one, and sends on what it received in step
 //! t−1 (its own in step 1): to the right what came from the left, to the left what came from the
 //! right. With R even the last step's two vectors are one rank's, so only the rightward one
-//! moves. Every vector travels with the [`Fingerprint`] of its origin's call, and the headers of
-//! a step are checked as soon as the step is over, so every rank compares every other rank's
-//! call with its own before it folds or returns anything.
+//! moves. Every vector travels with the [`Fingerprint`] of its origin's call, judged the moment
+//! it lands ([`Landing::Checked`]), so every rank compares every other rank's call with its own
+//! before it folds or returns anything, and a mismatch fails the step at once.
 //!
 //! An all-reduce then folds the R vectors in rank order (((v₀ ⊕ v₁) ⊕ v₂) …), the same
 //! sequence on every rank, so every rank returns the same bits, run after run, and max/min treat
@@ -27,7 +27,7 @@ use smallvec::SmallVec;
 
 use super::RingTopology;
 use super::algorithm::carve;
-use super::checked::mismatch;
+use super::checked::Expect;
 use super::fingerprint::{Fingerprint, HEADER};
 use super::schedule::Side;
 use crate::collective::reduce::Reducer;
@@ -161,17 +161,22 @@ fn relay<F: Fabric + ?Sized>(
                 shared.push((h, p));
             }
         }
+        let expect: SmallVec<[Expect; 2]> = recvs
+            .iter()
+            .map(|&(_, from)| Expect { ours: *ours, from })
+            .collect();
         let mut step: SmallVec<[Transfer<'_>; 8]> = SmallVec::new();
         for (&(channel, _), &(h, p)) in sends.iter().zip(&shared) {
             step.push(Transfer::Send { channel, data: h });
             step.push(Transfer::Send { channel, data: p });
         }
-        for &(channel, o) in &recvs {
+        for (&(channel, o), check) in recvs.iter().zip(&expect) {
             let i = index(o);
-            if let (Some(h), Some(p)) = (heads[i].take(), payloads[i].take()) {
+            if let (Some(buf), Some(p)) = (heads[i].take(), payloads[i].take()) {
+                // The header is judged as it lands, before the step waits for anything else.
                 step.push(Transfer::Recv {
                     channel,
-                    landing: Landing::Into(h),
+                    landing: Landing::Checked { buf, check },
                 });
                 step.push(Transfer::Recv {
                     channel,
@@ -179,33 +184,7 @@ fn relay<F: Fabric + ?Sized>(
                 });
             }
         }
-        let result = fabric.run(&mut step, deadline);
-        drop((step, shared, heads, payloads));
-        // Every whole header of the step first: a peer that found a mismatch may have closed
-        // its links and so failed the step.
-        for &(channel, origin) in &recvs {
-            let Ok(h) = <&[u8; HEADER]>::try_from(&headers[origin * HEADER..(origin + 1) * HEADER])
-            else {
-                continue;
-            };
-            match Fingerprint::decode(h, rank) {
-                Some(theirs) if theirs.origin == origin && ours.matches(&theirs) => {}
-                Some(theirs) => return Err(mismatch(channel, ours.mismatch(&theirs))),
-                None if result.is_ok() => {
-                    return Err(mismatch(
-                        channel,
-                        format!(
-                            "no nuvec wire header for rank {origin}'s vector where this rank's \
-                             {} expected one (a rank speaking another wire, or a stream \
-                             misaligned by an earlier operation)",
-                            ours.op.name()
-                        ),
-                    ));
-                }
-                None => {}
-            }
-        }
-        result?;
+        fabric.run(&mut step, deadline)?;
     }
     Ok(())
 }

@@ -288,7 +288,7 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
             }
         }
         Transfer::Recv {
-            landing: Landing::Into(buf),
+            landing: Landing::Into(buf) | Landing::Checked { buf, .. },
             ..
         } => {
             // A destination where the kernel's copy is slow is read through the scratch.
@@ -367,7 +367,7 @@ fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io:
             })?;
         }
         Transfer::Recv {
-            landing: Landing::Into(buf),
+            landing: Landing::Into(buf) | Landing::Checked { buf, .. },
             ..
         } => {
             let len = buf.len();
@@ -582,6 +582,9 @@ impl TcpFabric {
                             // When this pass began (one clock read a pass; the watch that
                             // reads it waits for silences of 100 ms).
                             self.heard[c.peer] = Some(pass);
+                            if p.done == t.len() {
+                                t.verdict()?;
+                            }
                         }
                     }
                     Err(e) => return Err(failure(t, p.done, &e)),
