@@ -113,10 +113,13 @@ impl Offers {
             let Ok(mapping) = Mapping::open(&fd, MAPPING) else {
                 continue;
             };
+            let Ok(local) = LocalLink::new(mapping, End::Acceptor) else {
+                continue;
+            };
             // Without SIGPIPE: the opener of a hello may have given up and closed.
             let sent = socket2::SockRef::from(&stream).send_with_flags(&[1], libc::MSG_NOSIGNAL);
             if matches!(sent, Ok(1)) {
-                found = Some(LocalLink::new(mapping, End::Acceptor));
+                found = Some(local);
                 break;
             }
         }
@@ -217,7 +220,7 @@ impl Proposal {
         let mut answer = [0u8; 1];
         loop {
             return match (&self.stream).read(&mut answer) {
-                Ok(1) if answer[0] == 1 => Ok(Some(LocalLink::new(self.mapping, End::Opener))),
+                Ok(1) if answer[0] == 1 => LocalLink::new(self.mapping, End::Opener).map(Some),
                 Ok(_) => Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
