@@ -26,7 +26,7 @@
 
 use std::io::{self, Read};
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::time::Instant;
@@ -190,7 +190,7 @@ pub(crate) fn propose(to: SocketAddr, port: u16) -> Option<Proposal> {
         return None;
     }
     let (mapping, fd) = Mapping::create(MAPPING).ok()?;
-    send_with_fd(&stream, &hello(port), &fd).ok()?;
+    send_with_fds(&stream, &hello(port), &[fd.as_fd()]).ok()?;
     Some(Proposal { stream, mapping })
 }
 
@@ -238,10 +238,18 @@ fn cmsg_space() -> usize {
     unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) as usize }
 }
 
-/// Sends `bytes` with the descriptor `fd` attached, in one message.
-fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result<()> {
-    let mut control = [0u64; 4];
-    let space = cmsg_space();
+/// The most descriptors [`send_with_fds`] attaches to one message.
+const MAX_SENT_FDS: usize = 4;
+
+/// Sends `bytes` with the descriptors `fds` attached (a hello has one), in one message.
+fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if fds.is_empty() || fds.len() > MAX_SENT_FDS {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    let mut control = [0u64; 6];
+    let data_len = (fds.len() * size_of::<libc::c_int>()) as u32;
+    // SAFETY: `CMSG_SPACE` only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
     assert!(space <= size_of_val(&control), "control buffer");
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr().cast_mut().cast(),
@@ -253,8 +261,8 @@ fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result<(
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
-    // SAFETY: `msg` describes a control buffer of `space` bytes, room for one header and one
-    // descriptor; `CMSG_FIRSTHDR` only computes where the first header goes.
+    // SAFETY: `msg` describes a control buffer of `space` bytes, room for one header and
+    // `fds.len()` descriptors; `CMSG_FIRSTHDR` only computes where the first header goes.
     let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
     if cmsg.is_null() {
         return Err(io::ErrorKind::InvalidInput.into());
@@ -264,13 +272,16 @@ fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result<(
     header.cmsg_level = libc::SOL_SOCKET;
     header.cmsg_type = libc::SCM_RIGHTS;
     // SAFETY: `CMSG_LEN` only computes a size.
-    header.cmsg_len = unsafe { libc::CMSG_LEN(size_of::<libc::c_int>() as u32) } as _;
+    header.cmsg_len = unsafe { libc::CMSG_LEN(data_len) } as _;
     // SAFETY: `cmsg` points into `control`, with room for the header (above).
     unsafe { cmsg.write_unaligned(header) };
     // SAFETY: `CMSG_DATA` only computes where the header's data goes, inside `control`.
-    let data = unsafe { libc::CMSG_DATA(cmsg) };
-    // SAFETY: `data` points at room for one descriptor inside `control` (CMSG_SPACE of one).
-    unsafe { data.cast::<libc::c_int>().write_unaligned(fd.as_raw_fd()) };
+    let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<libc::c_int>();
+    for (i, fd) in fds.iter().enumerate() {
+        // SAFETY: `data` points at room for `fds.len()` descriptors inside `control`
+        // (CMSG_SPACE of that many), and `i` is below it.
+        unsafe { data.wrapping_add(i).write_unaligned(fd.as_raw_fd()) };
+    }
     // SAFETY: `msg` points at `iov` (over `bytes`, which the kernel only reads) and at
     // `control`; every pointer outlives the call.
     let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
@@ -306,51 +317,51 @@ fn recv_with_fd(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Optio
         )
     };
     let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
-    // A truncated control message (more than one descriptor, say) is not a hello; the kernel
-    // drops the descriptors that did not fit.
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Ok((n, None));
+    // Every descriptor the kernel put in this process is owned (and so closed) here before
+    // anything else is looked at: a message with more descriptors than the control buffer
+    // holds has as many installed as fit, with `MSG_CTRUNC` set.
+    let fds = owned_fds(&msg, space);
+    // A truncated control message (more than one descriptor, say) is not a hello.
+    let whole = msg.msg_flags & libc::MSG_CTRUNC == 0;
+    match <[OwnedFd; 1]>::try_from(fds) {
+        Ok([fd]) if whole => Ok((n, Some(fd))),
+        _ => Ok((n, None)),
     }
+}
+
+/// The descriptors of the `SCM_RIGHTS` message in `msg`'s control buffer (of `space` bytes,
+/// filled by `recvmsg`), as owned values.
+fn owned_fds(msg: &libc::msghdr, space: usize) -> Vec<OwnedFd> {
     // SAFETY: `CMSG_FIRSTHDR` reads `msg`'s control fields, which the kernel set, and returns
-    // the first header inside `control` or null.
-    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    // the first header inside the control buffer or null.
+    let cmsg = unsafe { libc::CMSG_FIRSTHDR(msg) };
     if cmsg.is_null() {
-        return Ok((n, None));
+        return Vec::new();
     }
-    // SAFETY: a non-null first header lies wholly inside `control`, written by the kernel.
+    // SAFETY: a non-null first header lies wholly inside the control buffer, written by the
+    // kernel.
     let header = unsafe { cmsg.read_unaligned() };
-    let one = size_of::<libc::c_int>() as u32;
-    // SAFETY: `CMSG_LEN` only computes a size.
-    let len = unsafe { libc::CMSG_LEN(one) } as usize;
     if header.cmsg_level != libc::SOL_SOCKET || header.cmsg_type != libc::SCM_RIGHTS {
-        return Ok((n, None));
+        return Vec::new();
     }
     // SAFETY: `CMSG_LEN` only computes a size.
     let empty = unsafe { libc::CMSG_LEN(0) } as usize;
-    // The descriptors the kernel put in this process, however many the sender attached (as
-    // many as the control buffer holds): every one is owned here, and closed unless it is the
-    // one a hello carries.
+    // As many as the header says the kernel installed (it sets the length to what fit), and
+    // no more than the buffer has room for.
     let count = (header.cmsg_len as usize).saturating_sub(empty) / size_of::<libc::c_int>();
-    let room = (space - empty) / size_of::<libc::c_int>();
-    // SAFETY: `CMSG_DATA` only computes where the header's data is, inside `control`.
+    let room = space.saturating_sub(empty) / size_of::<libc::c_int>();
+    // SAFETY: `CMSG_DATA` only computes where the header's data is, inside the buffer.
     let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<libc::c_int>();
-    let mut fds = Vec::with_capacity(count.min(room));
-    for i in 0..count.min(room) {
-        let at = data.wrapping_add(i);
-        // SAFETY: the header says it carries `count` descriptors at `data`, inside `control`
-        // (and no more are read than `control` has room for).
-        let raw = unsafe { at.read_unaligned() };
-        // SAFETY: a descriptor passed with SCM_RIGHTS is new in this process and owned by no
-        // one else.
-        fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
-    }
-    if header.cmsg_len as usize != len || fds.len() != 1 {
-        return Ok((n, None));
-    }
-    let Some(fd) = fds.pop() else {
-        return Ok((n, None));
-    };
-    Ok((n, Some(fd)))
+    (0..count.min(room))
+        .map(|i| {
+            // SAFETY: the header says it carries `count` descriptors at `data`, inside the
+            // control buffer, and no more are read than the buffer has room for.
+            let raw = unsafe { data.wrapping_add(i).read_unaligned() };
+            // SAFETY: a descriptor passed with SCM_RIGHTS is new in this process and owned by
+            // no one else.
+            unsafe { OwnedFd::from_raw_fd(raw) }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -387,6 +398,46 @@ mod tests {
         let mut got = [0u8; 2];
         assert_eq!(acceptor.read(&mut got).expect("read").0, 2);
         assert_eq!(&got, b"hi");
+    }
+
+    /// How many descriptors this process has open on memory files called `name`.
+    fn open_memory_files(name: &str) -> usize {
+        let target = format!("/memfd:{name} ");
+        std::fs::read_dir("/proc/self/fd")
+            .expect("/proc/self/fd")
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter(|link| link.to_string_lossy().starts_with(&target))
+            .count()
+    }
+
+    #[test]
+    fn a_hello_with_three_descriptors_is_refused_and_leaves_none_of_them_open() {
+        let name = format!("nuvec-distributed-test-fds-{}", std::process::id());
+        let files: Vec<OwnedFd> = (0..3)
+            .map(|_| {
+                let c = std::ffi::CString::new(name.clone()).expect("a name");
+                // SAFETY: `c` is a NUL-terminated string; the call returns a new descriptor
+                // or -1.
+                let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+                assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+                // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+                unsafe { OwnedFd::from_raw_fd(fd) }
+            })
+            .collect();
+        let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+        let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+        send_with_fds(&theirs, &hello(1), &fds).expect("send");
+        drop(files);
+        assert_eq!(open_memory_files(&name), 0, "only the message holds them");
+        let mut buf = [0u8; HELLO + 1];
+        let (n, fd) = recv_with_fd(&ours, &mut buf).expect("receive");
+        assert_eq!(n, HELLO);
+        assert!(fd.is_none(), "three descriptors are not a hello");
+        assert_eq!(
+            open_memory_files(&name),
+            0,
+            "a descriptor received was left open"
+        );
     }
 
     #[test]
