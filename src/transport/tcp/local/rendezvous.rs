@@ -15,14 +15,17 @@
 //! 3. When the acceptor's setup keeps a TCP connection, the acceptor takes the hellos waiting
 //!    on its listener ([`Offers::answer`]), keeps the one whose port is its TCP peer's (others
 //!    are from attempts the setup dropped), checks that the sender runs as the same user and
-//!    that the memory file's size is sealed, maps it, and answers one byte, 1. After its own
-//!    setup the opener waits for that byte ([`Proposal::confirm`]), bounded by the setup's
-//!    deadline: it comes as soon as the acceptor has accepted, whatever the acceptor's other
-//!    connections do. The opener, too, takes the name only from a process of its user.
+//!    that the memory file's size is sealed, maps it, and answers one byte, 1. Then it closes
+//!    that Unix listener (its link keeps one connection), which resets every connection
+//!    still in its backlog. After its own setup the opener waits for that byte
+//!    ([`Proposal::confirm`]), bounded by the setup's deadline: it comes, or the connection
+//!    ends, as soon as the acceptor has accepted, whatever the acceptor's other connections
+//!    do. The opener, too, takes the name only from a process of its user.
 //!
-//! Anything unexpected (no name, a full backlog, a malformed hello, another user) leaves the
-//! link on TCP, where it works as before; only an opener whose acceptor took the hello and
-//! then never answered fails, naming the peer.
+//! Anything unexpected (no name, a full backlog, a malformed hello, another user, strangers'
+//! connections ahead of the hello, a reset before the answer) leaves the link on TCP, where it
+//! works as before; only an opener whose acceptor neither answered nor closed the connection
+//! by the deadline fails, naming the peer.
 
 use std::io::{self, Read};
 use std::net::SocketAddr;
@@ -91,19 +94,21 @@ impl Offers {
 
     /// The local link of the TCP connection accepted on listener `link` from `peer`, if its
     /// opener proposed one: takes the hellos waiting there (at most [`MAX_HELLOS`], so that a
-    /// process connecting without end cannot hold the setup here).
+    /// process connecting without end cannot hold the setup here), then closes the listener.
+    ///
+    /// A listener serves the one connection its link keeps, so nothing it could still accept
+    /// is wanted: closing it resets every connection left in its backlog (the opener's stale
+    /// proposals, a stranger's connections, or the proposal itself when more than
+    /// [`MAX_HELLOS`] strangers came first), and each of their openers stays on TCP at once
+    /// instead of waiting for the end of this rank's setup.
     pub(crate) fn answer(&mut self, link: usize, peer: SocketAddr) -> Option<LocalLink> {
-        let listener = self.listeners.get(link)?.as_ref()?;
-        let mut found = None;
+        let listener = self.listeners.get_mut(link)?.take()?;
         for _ in 0..MAX_HELLOS {
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
-            if found.is_some() {
-                continue;
-            }
             let Some((port, fd)) = take_hello(&stream) else {
                 continue;
             };
@@ -119,11 +124,10 @@ impl Offers {
             // Without SIGPIPE: the opener of a hello may have given up and closed.
             let sent = socket2::SockRef::from(&stream).send_with_flags(&[1], libc::MSG_NOSIGNAL);
             if matches!(sent, Ok(1)) {
-                found = Some(local);
-                break;
+                return Some(local);
             }
         }
-        found
+        None
     }
 }
 
@@ -210,7 +214,8 @@ fn connect_now(name: &str) -> Option<UnixStream> {
 
 impl Proposal {
     /// Waits until `until` for the acceptor's answer: the local link, or `None` if it closed
-    /// without one (the link stays TCP). An error if it neither answered nor closed in time.
+    /// without one or reset the connection before answering (the link stays TCP). An error if
+    /// it neither answered nor closed in time.
     pub(crate) fn confirm(self, until: Instant) -> io::Result<Option<LocalLink>> {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -222,6 +227,10 @@ impl Proposal {
             return match (&self.stream).read(&mut answer) {
                 Ok(1) if answer[0] == 1 => LocalLink::new(self.mapping, End::Opener).map(Some),
                 Ok(_) => Ok(None),
+                // The acceptor closed its listener with this proposal still in the backlog: it
+                // never read the hello, so it maps nothing and keeps the link on TCP. (Had it
+                // answered, the answer would be read before the reset.)
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     Err(io::ErrorKind::TimedOut.into())
@@ -398,6 +407,49 @@ mod tests {
         let mut got = [0u8; 2];
         assert_eq!(acceptor.read(&mut got).expect("read").0, 2);
         assert_eq!(&got, b"hi");
+    }
+
+    /// A listener address of its own for each test (tests run side by side in one process).
+    fn address(test: u16) -> SocketAddr {
+        let port = 20_000 + (std::process::id() % 20_000) as u16;
+        SocketAddr::new(std::net::Ipv4Addr::new(127, 0, 1, test as u8).into(), port)
+    }
+
+    #[test]
+    fn a_proposal_whose_acceptor_closed_without_taking_it_stays_tcp() {
+        let addr = address(1);
+        let offers = Offers::bind(&[Some(addr)]);
+        let proposal = propose(addr, 3333).expect("a proposal");
+        // Closing the listener resets the connections in its backlog.
+        drop(offers);
+        let until = Instant::now() + Duration::from_secs(10);
+        let confirmed = proposal.confirm(until).expect("a reset before any answer");
+        assert!(confirmed.is_none(), "stays TCP");
+    }
+
+    #[test]
+    fn a_hello_behind_a_backlog_of_strangers_leaves_its_link_on_tcp_at_once() {
+        // Anyone may connect to an abstract name: these take every hello an answer reads.
+        let addr = address(2);
+        let mut offers = Offers::bind(&[Some(addr)]);
+        let strangers: Vec<UnixStream> = (0..MAX_HELLOS)
+            .map(|_| connect_now(&name(addr)).expect("a stranger's connection"))
+            .collect();
+        let proposal = propose(addr, 4444).expect("a proposal");
+        let peer = SocketAddr::new(addr.ip(), 4444);
+        assert!(offers.answer(0, peer).is_none(), "the hello is never read");
+        // The acceptor keeps its offers for the rest of its setup, and the opener must not
+        // wait for it: its answer closed the rest of its backlog.
+        let started = Instant::now();
+        let until = started + Duration::from_secs(10);
+        let confirmed = proposal.confirm(until).expect("a reset before any answer");
+        assert!(confirmed.is_none(), "stays TCP");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        drop((strangers, offers));
     }
 
     /// How many descriptors this process has open on memory files called `name`.
