@@ -82,7 +82,7 @@ struct Link {
     /// stream then carries only doorbells (see [`local`]).
     local: Option<LocalLink>,
     /// A local link's stream reached its end: the peer closed it (its bytes already queued
-    /// are still read).
+    /// are still read), or a doorbell could not be written to it.
     gone: bool,
 }
 
@@ -344,6 +344,10 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
 
 /// [`advance`] over a local link: the same moves, through its queues. A copy that frees
 /// room or fills bytes the peer parked for rings it at once, not after the whole pass.
+///
+/// A doorbell that cannot be written (the peer reset the connection: it left with a doorbell
+/// of ours unread) marks the link gone rather than failing the transfer: the bytes it would
+/// have announced are copied already. Only a transfer that then misses bytes fails.
 fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Result<bool> {
     let Link {
         stream,
@@ -354,26 +358,30 @@ fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io:
     else {
         return Ok(false);
     };
-    let ring = |r: bool| if r { doorbell(stream) } else { Ok(()) };
+    let unrung = std::cell::Cell::new(false);
+    let ring = |r: bool| {
+        if r && !unrung.get() && doorbell(stream).is_err() {
+            unrung.set(true);
+        }
+    };
     let corrupt = |e: local::Corrupt| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
-    let mut moved = false;
-    match t {
+    let moved = match t {
         Transfer::Send { data, .. } => {
             if *gone {
                 return Err(io::ErrorKind::BrokenPipe.into());
             }
-            moved = pump(&mut p.done, data.len(), ring, |at| {
+            pump(&mut p.done, data.len(), ring, |at| {
                 local.write(&data[at..]).map_err(corrupt)
-            })?;
+            })
         }
         Transfer::Recv {
             landing: Landing::Into(buf),
             ..
         } => {
             let len = buf.len();
-            moved = pump(&mut p.done, len, ring, |at| {
+            pump(&mut p.done, len, ring, |at| {
                 local.read(&mut buf[at..]).map_err(corrupt)
-            })?;
+            })
         }
         Transfer::Recv {
             landing: landing @ Landing::Sink { .. },
@@ -387,20 +395,32 @@ fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io:
             let (len, grain) = (landing.len(), landing.grain());
             scratch.reserve(scratch::BOUNCE.min(len).max(grain));
             let scratch = scratch.bytes();
+            let mut moved = Ok(false);
             while !p.stream.is_complete() {
                 let at = p.stream.next_read(scratch.len());
-                let (n, r) = local.read(&mut scratch[at]).map_err(corrupt)?;
-                ring(r)?;
+                let (n, r) = match local.read(&mut scratch[at]) {
+                    Ok(read) => read,
+                    Err(e) => {
+                        moved = Err(corrupt(e));
+                        break;
+                    }
+                };
+                ring(r);
                 if n == 0 {
                     break;
                 }
-                moved = true;
+                moved = Ok(true);
                 p.stream
                     .absorb(scratch, n, |offset, bytes| landing.deliver(offset, bytes));
             }
             p.done = p.stream.done();
+            moved
         }
+    };
+    if unrung.get() {
+        *gone = true;
     }
+    let moved = moved?;
     if !moved && *gone && p.done < t.len() {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
@@ -413,13 +433,13 @@ fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io:
 fn pump(
     done: &mut usize,
     len: usize,
-    ring: impl Fn(bool) -> io::Result<()>,
+    ring: impl Fn(bool),
     mut copy: impl FnMut(usize) -> io::Result<(usize, bool)>,
 ) -> io::Result<bool> {
     let mut moved = false;
     while *done < len {
         let (n, r) = copy(*done)?;
-        ring(r)?;
+        ring(r);
         if n == 0 {
             break;
         }
@@ -430,7 +450,8 @@ fn pump(
 }
 
 /// Wakes the peer of a local link, parked on its end of `stream`: one byte. A full socket
-/// buffer means bytes the peer has not read yet, which wake it as well.
+/// buffer means bytes the peer has not read yet, which wake it as well. An error means the
+/// peer cannot be woken any more (it reset the connection).
 fn doorbell(stream: &mio::net::TcpStream) -> io::Result<()> {
     loop {
         return match io::Write::write(&mut &*stream, &[1]) {
@@ -778,6 +799,87 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+    }
+
+    /// Rank 0 of a [`local_pair`] after rank 1 sent it `data` and left owing it a ring: rank
+    /// 1's "writer waiting" flag is set (armed, never parked) and a doorbell of rank 0 lies
+    /// unread in rank 1's socket, so that rank 1's end resets the connection when it goes,
+    /// and rank 0's next doorbell write fails.
+    #[cfg(target_os = "linux")]
+    fn sender_left_owing_a_ring(data: &[u8]) -> TcpFabric {
+        let (zero, mut one) = local_pair();
+        let mut send = [Transfer::Send {
+            channel: Channel::new(0, 0),
+            data,
+        }];
+        let deadline = one.now() + Duration::from_secs(10);
+        one.run(&mut send, deadline).expect("send");
+        let sender = &one.links[0][0];
+        let local = sender.local.as_ref().expect("a local link");
+        assert_eq!(
+            local.arm_send(),
+            Ok(true),
+            "armed, with room: it never parks"
+        );
+        doorbell(&zero.links[1][0].stream).expect("a doorbell for rank 1");
+        // Until the doorbell is in rank 1's socket (bounded by the timeout).
+        let socket = socket2::SockRef::from(&sender.stream);
+        socket.set_nonblocking(false).expect("blocking");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("a timeout");
+        let mut byte = [std::mem::MaybeUninit::new(0u8)];
+        assert_eq!(socket.peek(&mut byte).expect("the doorbell arrives"), 1);
+        drop(one);
+        zero
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_receive_returns_its_bytes_when_its_sender_left_owing_a_ring() {
+        let data = [1u8, 2, 3, 4, 5, 6, 7, 8];
+        let mut zero = sender_left_owing_a_ring(&data);
+        let mut got = [0u8; 8];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Into(&mut got),
+        }];
+        let deadline = zero.now() + Duration::from_secs(10);
+        zero.run(&mut step, deadline)
+            .expect("every byte arrived before the peer left");
+        assert_eq!(got, data);
+        // The next receive has no bytes to get: the peer is gone.
+        let mut more = [0u8; 4];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Into(&mut more),
+        }];
+        let e = zero.run(&mut step, deadline).expect_err("the peer left");
+        assert_eq!(e.kind, FailureKind::Closed, "{e}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_reduced_receive_returns_its_bytes_when_its_sender_left_owing_a_ring() {
+        let data = [1u8, 2, 3, 4, 5, 6, 7, 8];
+        let mut zero = sender_left_owing_a_ring(&data);
+        let mut got = Vec::new();
+        let mut sink = |offset: usize, bytes: &[u8]| {
+            assert_eq!(offset, got.len(), "in order");
+            got.extend_from_slice(bytes);
+        };
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Sink {
+                len: 8,
+                grain: 4,
+                sink: &mut sink,
+            },
+        }];
+        let deadline = zero.now() + Duration::from_secs(10);
+        zero.run(&mut step, deadline)
+            .expect("every byte arrived before the peer left");
+        assert_eq!(got, data);
     }
 
     #[test]

@@ -26,7 +26,8 @@
 //! **Waiting.** A step that cannot progress looks at the queues as it looks at sockets; before
 //! it parks in the poll, it arms every queue it waits on, and the peer rings (one byte on the
 //! TCP connection) when it moves one that was armed. A peer that dies closes its TCP
-//! connection, which wakes the poll and fails the step, as on a TCP link.
+//! connection, which wakes the poll and fails the step, as on a TCP link; a doorbell that
+//! cannot be written (the peer is gone) fails only a transfer that then misses bytes.
 
 #[cfg(target_os = "linux")]
 mod memory;
