@@ -84,6 +84,16 @@ struct Link {
     /// A local link's stream reached its end: the peer closed it (its bytes already queued
     /// are still read), or a doorbell could not be written to it.
     gone: bool,
+    /// A local link's doorbells were not all read: see [`Bells::Left`].
+    bells_left: bool,
+}
+
+impl Link {
+    /// Takes what a [`drain`] of this local link's doorbells left.
+    fn ring(&mut self, bells: Bells) {
+        self.bells_left = bells == Bells::Left;
+        self.gone |= bells == Bells::Gone;
+    }
 }
 
 /// This rank's connections of a ring, as a [`Fabric`].
@@ -188,6 +198,7 @@ impl TcpFabric {
                     scratch: Scratch::default(),
                     local,
                     gone: false,
+                    bells_left: false,
                 });
             }
             links.push(row);
@@ -354,6 +365,7 @@ fn advance_local(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io:
         scratch,
         local: Some(local),
         gone,
+        ..
     } = link
     else {
         return Ok(false);
@@ -463,18 +475,36 @@ fn doorbell(stream: &mio::net::TcpStream) -> io::Result<()> {
     }
 }
 
-/// Reads a local link's doorbells, all there are; whether its stream ended.
-fn drain(stream: &mio::net::TcpStream) -> bool {
-    let mut bells = [0u8; 64];
-    loop {
+/// The most doorbell bytes one [`drain`] reads: a peer that rings without end must not keep
+/// a step from its deadline.
+const DRAIN: usize = 1024;
+
+/// What [`drain`] left of a local link's doorbells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bells {
+    /// None: the socket is empty (the next doorbell makes the poll report it again).
+    Read,
+    /// Some, unread: [`DRAIN`] bytes were read and more may wait. The poll, edge-triggered,
+    /// will not report them again, so the step must look for them itself before it parks.
+    Left,
+    /// The stream ended: the peer closed it, or it failed.
+    Gone,
+}
+
+/// Reads a local link's doorbells, at most [`DRAIN`] bytes of them.
+fn drain(stream: &mio::net::TcpStream) -> Bells {
+    let mut bells = [0u8; 256];
+    let mut read = 0;
+    while read < DRAIN {
         match io::Read::read(&mut &*stream, &mut bells) {
-            Ok(0) => return true,
-            Ok(_) => {}
+            Ok(0) => return Bells::Gone,
+            Ok(n) => read += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-            Err(_) => return true,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Bells::Read,
+            Err(_) => return Bells::Gone,
         }
     }
+    Bells::Left
 }
 
 impl Fabric for TcpFabric {
@@ -647,7 +677,7 @@ impl TcpFabric {
             }
             // Local links: ask each peer this step waits on to ring; one that moved meanwhile
             // lets the step go on without parking.
-            if self.arm(step, &progress)? {
+            if self.arm(step, &progress)? || self.bells_left() {
                 continue;
             }
             let wake = match self.watch.wake_by(quiet_since) {
@@ -668,10 +698,25 @@ impl TcpFabric {
                 };
                 let l = &mut self.links[peer][link];
                 if l.local.is_some() && !l.gone {
-                    l.gone = drain(&l.stream);
+                    l.ring(drain(&l.stream));
                 }
             }
         }
+    }
+
+    /// Reads more of the doorbells a bounded [`drain`] left on the local links; whether there
+    /// were any. Then the peer rang, so the step looks again rather than parks: parked, it
+    /// would not be woken by those bytes (the poll reports a socket's bytes once), nor by the
+    /// peer's next doorbell if they fill the socket's buffer.
+    fn bells_left(&mut self) -> bool {
+        let mut any = false;
+        for l in self.links.iter_mut().flatten() {
+            if l.bells_left && !l.gone {
+                any = true;
+                l.ring(drain(&l.stream));
+            }
+        }
+        any
     }
 
     /// Arms the local links of every transfer of `step` not done yet (see [`local`]); whether
@@ -880,6 +925,74 @@ mod tests {
         zero.run(&mut step, deadline)
             .expect("every byte arrived before the peer left");
         assert_eq!(got, data);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_step_whose_peer_rings_without_end_still_ends_at_its_deadline() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let opened = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        let (mut accepted, _) = listener.accept().expect("accept");
+        let (opener, _acceptor) = local::linux::pair();
+        let mut zero =
+            TcpFabric::from_links(0, vec![vec![], vec![(opened, Some(opener))]]).expect("rank 0");
+        // The peer fills its doorbell's socket buffers, then keeps writing doorbells as fast as
+        // it can, and never a byte into the queue.
+        let bells = [1u8; 64 * 1024];
+        accepted.set_nonblocking(true).expect("non-blocking");
+        loop {
+            match io::Write::write(&mut accepted, &bells) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("a doorbell: {e}"),
+            }
+        }
+        accepted.set_nonblocking(false).expect("blocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let ringer = {
+            let stop = stop.clone();
+            accepted
+                .set_write_timeout(Some(Duration::from_millis(100)))
+                .expect("a timeout");
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match io::Write::write(&mut accepted, &bells) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
+                        Err(_) => break,
+                    }
+                }
+            })
+        };
+        let (done, ended) = std::sync::mpsc::channel();
+        let receiver = std::thread::spawn(move || {
+            let mut buf = [0u8; 8];
+            let mut step = [Transfer::Recv {
+                channel: Channel::new(1, 0),
+                landing: Landing::Into(&mut buf),
+            }];
+            let started = Instant::now();
+            let deadline = zero.now() + Duration::from_millis(200);
+            let result = zero.run(&mut step, deadline);
+            let _ = done.send((result.err().map(|e| e.kind), started.elapsed()));
+        });
+        let ended = ended.recv_timeout(Duration::from_secs(30));
+        stop.store(true, Ordering::Relaxed);
+        ringer.join().expect("the ringer");
+        receiver.join().expect("the receiver");
+        match ended {
+            Ok((Some(FailureKind::TimedOut { .. }), took)) => {
+                assert!(
+                    took < Duration::from_secs(1),
+                    "a step of 200 ms took {took:?}"
+                )
+            }
+            Ok(other) => panic!("the step ended without timing out: {other:?}"),
+            Err(_) => panic!("the step ran 30 s past its deadline of 200 ms"),
+        }
     }
 
     #[test]

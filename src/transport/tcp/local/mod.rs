@@ -25,9 +25,11 @@
 //!
 //! **Waiting.** A step that cannot progress looks at the queues as it looks at sockets; before
 //! it parks in the poll, it arms every queue it waits on, and the peer rings (one byte on the
-//! TCP connection) when it moves one that was armed. A peer that dies closes its TCP
-//! connection, which wakes the poll and fails the step, as on a TCP link; a doorbell that
-//! cannot be written (the peer is gone) fails only a transfer that then misses bytes.
+//! TCP connection) when it moves one that was armed. A step reads a bounded number of
+//! doorbells at a time (a peer that rings without end cannot hold it past its deadline), and
+//! does not park while some are left unread. A peer that dies closes its TCP connection,
+//! which wakes the poll and fails the step, as on a TCP link; a doorbell that cannot be
+//! written (the peer is gone) fails only a transfer that then misses bytes.
 
 #[cfg(target_os = "linux")]
 mod memory;
