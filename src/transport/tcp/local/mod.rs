@@ -6,9 +6,10 @@
 //! out of it) with the protocol's work on top, and on a machine whose cores are shared with
 //! other work that CPU is what a large collective is bound by: at 16 MiB under `mlx.launch` the
 //! in-place ring reached about 60 % of plain blocking sockets, which themselves leave no room
-//! for the array API's cost. A shared queue is one copy in by the sender and one copy (or the
-//! reduction itself) out by the receiver, and a rank that is looking for bytes looks at a
-//! counter instead of making a system call.
+//! for the array API's cost. A shared queue is one copy in by the sender and one copy out by
+//! the receiver (into the destination, or into the link's scratch when the bytes are reduced:
+//! the peer can still write the queue's memory, so the reduction never reads it in place),
+//! and a rank that is looking for bytes looks at a counter instead of making a system call.
 //!
 //! **When.** Only when both ends are ranks of this crate (a Python MLX rank, or
 //! nuvec-distributed 0.5.0, never sees any of this: its links stay TCP, byte for byte as
@@ -24,8 +25,11 @@
 //!
 //! **Waiting.** A step that cannot progress looks at the queues as it looks at sockets; before
 //! it parks in the poll, it arms every queue it waits on, and the peer rings (one byte on the
-//! TCP connection) when it moves one that was armed. A peer that dies closes its TCP
-//! connection, which wakes the poll and fails the step, as on a TCP link.
+//! TCP connection) when it moves one that was armed. A step reads a bounded number of
+//! doorbells at a time (a peer that rings without end cannot hold it past its deadline), and
+//! does not park while some are left unread. A peer that dies closes its TCP connection,
+//! which wakes the poll and fails the step, as on a TCP link; a doorbell that cannot be
+//! written (the peer is gone) fails only a transfer that then misses bytes.
 
 #[cfg(target_os = "linux")]
 mod memory;
@@ -61,6 +65,7 @@ pub(crate) mod linux {
     use super::memory::Mapping;
     use super::queue::{Corrupt, Header, Reader, Writer, pieces};
     use super::{CAPACITY, HEADER, MAPPING};
+    use std::io;
 
     /// Which end of the TCP connection a rank is: the opener's sends go in the first queue.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +79,7 @@ pub(crate) mod linux {
     /// The counters of the queue at `queue` of a link's `mapping`.
     fn header_of(mapping: &Mapping, queue: usize) -> &Header {
         // SAFETY: `queue` is 0 or HEADER + CAPACITY, both page-aligned offsets inside the
-        // mapping (of MAPPING bytes, checked when it was opened) with a page after them;
+        // mapping (of MAPPING bytes, which `LocalLink::new` checks) with a page after them;
         // `Header` (four 64-byte lines of atomics) fits a page and needs 64-byte alignment;
         // atomics are valid for any bit pattern, and the mapping outlives the borrow.
         let at = mapping.as_ptr().wrapping_add(queue).cast::<Header>();
@@ -100,21 +105,30 @@ pub(crate) mod linux {
     }
 
     impl LocalLink {
-        /// This rank's end over a link's `mapping` (both queues empty).
-        pub(crate) fn new(mapping: Mapping, end: End) -> Self {
-            debug_assert_eq!(mapping.len(), MAPPING);
+        /// This rank's end over a link's `mapping` (both queues empty); an error if the
+        /// mapping is not [`MAPPING`] bytes long, the length every access below relies on.
+        pub(crate) fn new(mapping: Mapping, end: End) -> io::Result<Self> {
+            if mapping.len() != MAPPING {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "a local link's memory has {} bytes, not {MAPPING}",
+                        mapping.len()
+                    ),
+                ));
+            }
             let (first, second) = (0, HEADER + CAPACITY);
             let (out, inn) = match end {
                 End::Opener => (first, second),
                 End::Acceptor => (second, first),
             };
-            Self {
+            Ok(Self {
                 mapping,
                 out,
                 inn,
                 writer: Writer::new(CAPACITY),
                 reader: Reader::new(CAPACITY),
-            }
+            })
         }
 
         /// The counters of the queue at `queue`.
@@ -131,16 +145,18 @@ pub(crate) mod linux {
         /// Copies as much of `data` into the outgoing queue as it has room for; how much, and
         /// whether the peer is parked and must be rung.
         pub(crate) fn write(&mut self, data: &[u8]) -> Result<(usize, bool), Corrupt> {
-            let header = self.header(self.out);
+            let header = header_of(&self.mapping, self.out);
             let (at, n) = self.writer.room(header, data.len())?;
             if n == 0 {
                 return Ok((0, false));
             }
             let (a, b) = pieces(at, n, CAPACITY);
             let bytes = self.bytes(self.out);
-            // SAFETY: (and for the copy after) `a` and `b` lie in the queue's CAPACITY bytes (`pieces`), in
-            // its free part, which the reader does not read until `commit` publishes it; `data`
-            // has `n` = `a.len() + b.len()` bytes and is this process's own memory, which no
+            // SAFETY: (and for the copy after) `a` and `b` lie in the queue's CAPACITY bytes
+            // (`pieces`), inside the mapping, in its free part, which an honest reader does not
+            // read until `commit` publishes it (a peer that reads it early only sees bytes
+            // change under its own copy, nothing of this process's); `data` has
+            // `n` = `a.len() + b.len()` bytes and is this process's own memory, which no
             // mapping of a link overlaps.
             unsafe {
                 std::ptr::copy_nonoverlapping(data.as_ptr(), bytes.wrapping_add(a.start), a.len())
@@ -156,7 +172,7 @@ pub(crate) mod linux {
         /// `into`: the next operation's bytes stay queued); how much, and whether the peer is
         /// parked and must be rung.
         pub(crate) fn read(&mut self, into: &mut [u8]) -> Result<(usize, bool), Corrupt> {
-            let header = self.header(self.inn);
+            let header = header_of(&self.mapping, self.inn);
             let (at, n) = self.reader.filled(header, into.len())?;
             if n == 0 {
                 return Ok((0, false));
@@ -164,10 +180,17 @@ pub(crate) mod linux {
             let (a, b) = pieces(at, n, CAPACITY);
             let bytes = self.bytes(self.inn);
             let (first, rest) = into[..n].split_at_mut(a.len());
-            // SAFETY: (and for the copy after) `a` and `b` lie in the queue's CAPACITY bytes, in its filled
-            // part, which the writer does not touch until `release` hands it back (a peer that
-            // broke that rule could only change the bytes read, plain bytes with no invariant);
-            // `first` and `rest` are this process's own memory, `a.len()` and `b.len()` long.
+            // SAFETY: (and for the copy after) `a` and `b` lie in the queue's CAPACITY bytes
+            // (`pieces`), inside the mapping, in its filled part, which an honest writer does
+            // not touch until `release` hands it back; `first` and `rest` are this process's
+            // own memory, `a.len()` and `b.len()` long, which no mapping of a link overlaps.
+            // A misbehaving peer may write those bytes during the copy (Rust's memory model
+            // speaks of one program's threads, not of another process's writes). What holds
+            // then: this process reads the queue's bytes only here, each once, by this raw copy, never
+            // through a reference (so nothing is assumed about them staying put, and the
+            // reductions see only the private copy); what lands in `into` is some bytes, and
+            // every byte pattern is a valid `u8`. The peer can change what is received, as a
+            // peer can over TCP, and nothing else.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     bytes.wrapping_add(a.start),
@@ -185,37 +208,6 @@ pub(crate) mod linux {
             };
             let ring = self.reader.release(header_of(&self.mapping, self.inn), n);
             Ok((n, ring))
-        }
-
-        /// Lends the bytes queued for this rank, in place: `take` gets the next contiguous
-        /// piece (at most `want` bytes; none wrap) and returns how many of them it used, which
-        /// are then handed back to the writer. Returns that count, and whether the peer is
-        /// parked and must be rung.
-        pub(crate) fn read_in_place(
-            &mut self,
-            want: usize,
-            take: impl FnOnce(&[u8]) -> usize,
-        ) -> Result<(usize, bool), Corrupt> {
-            let header = self.header(self.inn);
-            let (at, n) = self.reader.filled(header, want)?;
-            if n == 0 {
-                return Ok((0, false));
-            }
-            let (a, _) = pieces(at, n, CAPACITY);
-            // SAFETY: `a` lies in the queue's CAPACITY bytes, in its filled part, which the
-            // writer does not write until `release` hands it back (below, after the borrow
-            // ends); the slice borrows `self`, so the mapping outlives it.
-            let start = self.bytes(self.inn).wrapping_add(a.start);
-            // SAFETY: as said.
-            let piece = unsafe { std::slice::from_raw_parts(start, a.len()) };
-            let used = take(piece).min(a.len());
-            if used == 0 {
-                return Ok((0, false));
-            }
-            let ring = self
-                .reader
-                .release(header_of(&self.mapping, self.inn), used);
-            Ok((used, ring))
         }
 
         /// Before parking on a send: asks the peer to ring when it frees room; whether there is
@@ -238,8 +230,8 @@ pub(crate) mod linux {
         let (a, fd) = Mapping::create(MAPPING).expect("memory file");
         let b = Mapping::open(&fd, MAPPING).expect("second mapping");
         (
-            LocalLink::new(a, End::Opener),
-            LocalLink::new(b, End::Acceptor),
+            LocalLink::new(a, End::Opener).expect("the opener's end"),
+            LocalLink::new(b, End::Acceptor).expect("the acceptor's end"),
         )
     }
 
@@ -284,6 +276,13 @@ pub(crate) mod linux {
         }
 
         #[test]
+        fn a_mapping_of_another_length_is_no_link() {
+            let (mapping, _fd) = Mapping::create(4096).expect("memory file");
+            let e = LocalLink::new(mapping, End::Opener).expect_err("4096 bytes");
+            assert!(e.to_string().contains("4096 bytes"), "{e}");
+        }
+
+        #[test]
         fn a_file_whose_size_is_not_sealed_is_refused() {
             let file = std::fs::File::open("/proc/self/exe").expect("a file");
             let e = Mapping::open(&file.into(), MAPPING).expect_err("not sealed");
@@ -308,13 +307,6 @@ pub(crate) enum LocalLink {}
 #[cfg(not(target_os = "linux"))]
 impl LocalLink {
     pub(crate) fn write(&mut self, _: &[u8]) -> Result<(usize, bool), Corrupt> {
-        match *self {}
-    }
-    pub(crate) fn read_in_place(
-        &mut self,
-        _: usize,
-        _: impl FnOnce(&[u8]) -> usize,
-    ) -> Result<(usize, bool), Corrupt> {
         match *self {}
     }
     pub(crate) fn read(&mut self, _: &mut [u8]) -> Result<(usize, bool), Corrupt> {

@@ -20,9 +20,16 @@
 //! consistent accesses as acquire/release ones, and with loads the model deadlocked. The model
 //! (`loom` below, under `--cfg loom`) is in this file because the queue is private.
 //!
-//! **A peer is not trusted with memory safety.** The counters come from another process: a
-//! counter that says more is filled than the queue holds, or that went back, is reported as
-//! [`Corrupt`], never used to index.
+//! **A peer is not trusted with memory safety.** The counters come from another process, and
+//! every offset used to index is computed from this side's own counter (reduced modulo the
+//! capacity), never from the peer's. What is checked, at each look at the peer's counter, and
+//! reported as [`Corrupt`]: that it does not say more is filled than the queue holds, nor
+//! less than nothing (a `tail` below the reader's `head`, a `head` above the writer's
+//! `tail`), and that it is not below the value this side last saw of it (it went back). What
+//! is not caught: a counter that moves forward by a plausible amount without the bytes behind
+//! it (the reader then copies whatever the queue holds, which changes only what is received),
+//! flags set or cleared at random (a spurious ring, or a missed one and a step that times
+//! out), and bytes written in the reader's part.
 
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -57,24 +64,42 @@ impl Header {
     }
 }
 
-/// The peer broke the queue's invariants: its counter says `filled` bytes are in a queue of
-/// `capacity`.
+/// The peer broke the queue's invariants (see the [module documentation](self)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Corrupt {
-    /// What the counters say the queue holds.
-    pub(crate) filled: u64,
-    /// What it can hold.
-    pub(crate) capacity: u64,
+pub(crate) enum Corrupt {
+    /// The counters say `filled` bytes are in a queue of `capacity` (a count below zero
+    /// wraps around to a huge one).
+    Overfull {
+        /// What the counters say the queue holds.
+        filled: u64,
+        /// What it can hold.
+        capacity: u64,
+    },
+    /// The peer's counter `counter` is `now`, below the `seen` this side read of it before.
+    WentBack {
+        /// Which counter: `tail` or `head`.
+        counter: &'static str,
+        /// What this side read of it before.
+        seen: u64,
+        /// What it reads now.
+        now: u64,
+    },
 }
 
 impl std::fmt::Display for Corrupt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the peer's shared-memory queue is corrupt: its counters say {} bytes are queued in \
-             a queue of {}",
-            self.filled, self.capacity
-        )
+        match *self {
+            Corrupt::Overfull { filled, capacity } => write!(
+                f,
+                "the peer's shared-memory queue is corrupt: its counters say {filled} bytes \
+                 are queued in a queue of {capacity}"
+            ),
+            Corrupt::WentBack { counter, seen, now } => write!(
+                f,
+                "the peer's shared-memory queue is corrupt: its counter {counter} went back \
+                 from {seen} to {now}"
+            ),
+        }
     }
 }
 
@@ -82,12 +107,22 @@ impl std::fmt::Display for Corrupt {
 fn filled(tail: u64, head: u64, capacity: usize) -> Result<usize, Corrupt> {
     let filled = tail.wrapping_sub(head);
     if filled > capacity as u64 {
-        return Err(Corrupt {
+        return Err(Corrupt::Overfull {
             filled,
             capacity: capacity as u64,
         });
     }
     Ok(filled as usize)
+}
+
+/// The peer's `counter`, read as `now`, checked against the `seen` read of it before: an
+/// honest peer's counter only grows, and reads of one atomic never see its stores out of
+/// order.
+fn not_back(counter: &'static str, seen: u64, now: u64) -> Result<u64, Corrupt> {
+    if now < seen {
+        return Err(Corrupt::WentBack { counter, seen, now });
+    }
+    Ok(now)
 }
 
 /// The (at most two) ranges of a ring of `capacity` bytes that hold `len` bytes of the stream
@@ -107,20 +142,27 @@ pub(crate) struct Writer {
     capacity: usize,
     /// Bytes written so far: the writer's own copy of `tail`, which only it stores.
     tail: u64,
+    /// The reader's `head` as last read by [`room`](Self::room).
+    head: u64,
 }
 
 impl Writer {
     /// The writer of a queue of `capacity` bytes, with nothing written yet. Each call takes
     /// the queue's shared [`Header`].
     pub(crate) fn new(capacity: usize) -> Self {
-        Self { capacity, tail: 0 }
+        Self {
+            capacity,
+            tail: 0,
+            head: 0,
+        }
     }
 
     /// Where the next `want` bytes may go: stream offset and length (maybe 0: the queue is
     /// full).
-    pub(crate) fn room(&self, header: &Header, want: usize) -> Result<(u64, usize), Corrupt> {
-        let head = header.head.0.load(Ordering::Acquire);
+    pub(crate) fn room(&mut self, header: &Header, want: usize) -> Result<(u64, usize), Corrupt> {
+        let head = not_back("head", self.head, header.head.0.load(Ordering::Acquire))?;
         let free = self.capacity - filled(self.tail, head, self.capacity)?;
+        self.head = head;
         Ok((self.tail, want.min(free)))
     }
 
@@ -136,7 +178,11 @@ impl Writer {
     /// there is room already (then do not park).
     pub(crate) fn arm(&self, header: &Header) -> Result<bool, Corrupt> {
         header.writer_waiting.0.store(1, Ordering::SeqCst);
-        let head = header.head.0.fetch_add(0, Ordering::SeqCst);
+        let head = not_back(
+            "head",
+            self.head,
+            header.head.0.fetch_add(0, Ordering::SeqCst),
+        )?;
         Ok(filled(self.tail, head, self.capacity)? < self.capacity)
     }
 }
@@ -146,19 +192,27 @@ pub(crate) struct Reader {
     capacity: usize,
     /// Bytes read so far: the reader's own copy of `head`.
     head: u64,
+    /// The writer's `tail` as last read by [`filled`](Self::filled).
+    tail: u64,
 }
 
 impl Reader {
     /// The reader of a queue of `capacity` bytes, with nothing read yet. Each call takes the
     /// queue's shared [`Header`].
     pub(crate) fn new(capacity: usize) -> Self {
-        Self { capacity, head: 0 }
+        Self {
+            capacity,
+            head: 0,
+            tail: 0,
+        }
     }
 
     /// What can be read now, at most `want` bytes: stream offset and length (maybe 0).
-    pub(crate) fn filled(&self, header: &Header, want: usize) -> Result<(u64, usize), Corrupt> {
-        let tail = header.tail.0.load(Ordering::Acquire);
-        Ok((self.head, want.min(filled(tail, self.head, self.capacity)?)))
+    pub(crate) fn filled(&mut self, header: &Header, want: usize) -> Result<(u64, usize), Corrupt> {
+        let tail = not_back("tail", self.tail, header.tail.0.load(Ordering::Acquire))?;
+        let n = filled(tail, self.head, self.capacity)?;
+        self.tail = tail;
+        Ok((self.head, want.min(n)))
     }
 
     /// Hands `n` bytes read at [`filled`](Self::filled)'s offset back to the writer; whether
@@ -173,7 +227,11 @@ impl Reader {
     /// are bytes already (then do not park).
     pub(crate) fn arm(&self, header: &Header) -> Result<bool, Corrupt> {
         header.reader_waiting.0.store(1, Ordering::SeqCst);
-        let tail = header.tail.0.fetch_add(0, Ordering::SeqCst);
+        let tail = not_back(
+            "tail",
+            self.tail,
+            header.tail.0.fetch_add(0, Ordering::SeqCst),
+        )?;
         Ok(filled(tail, self.head, self.capacity)? > 0)
     }
 }
@@ -225,19 +283,43 @@ mod tests {
     #[test]
     fn counters_a_peer_broke_are_corrupt_not_an_index() {
         let header = Header::new();
-        let r = Reader::new(8);
+        let mut r = Reader::new(8);
         header.tail.0.store(9, Ordering::SeqCst);
         assert_eq!(
             r.filled(&header, 1),
-            Err(Corrupt {
+            Err(Corrupt::Overfull {
                 filled: 9,
                 capacity: 8
             })
         );
-        let w = Writer::new(8);
+        let mut w = Writer::new(8);
         header.head.0.store(1, Ordering::SeqCst);
         let e = w.room(&header, 1).expect_err("head ahead of tail");
         assert!(e.to_string().contains("corrupt"), "{e}");
+    }
+
+    #[test]
+    fn a_counter_that_went_back_is_corrupt_even_where_it_stays_in_the_queue() {
+        let header = Header::new();
+        let mut w = Writer::new(8);
+        let mut r = Reader::new(8);
+        w.commit(&header, 6);
+        assert_eq!(r.filled(&header, 8), Ok((0, 6)));
+        // The writer's counter goes back, though not below what the reader has read.
+        header.tail.0.store(3, Ordering::SeqCst);
+        let e = r.filled(&header, 8).expect_err("tail went back");
+        assert!(e.to_string().contains("went back"), "{e}");
+        let e = r.arm(&header).expect_err("tail went back");
+        assert!(e.to_string().contains("went back"), "{e}");
+        // And the reader's, though not above what the writer has written.
+        header.tail.0.store(6, Ordering::SeqCst);
+        assert!(!r.release(&header, 4));
+        assert_eq!(w.room(&header, 8), Ok((6, 6)));
+        header.head.0.store(2, Ordering::SeqCst);
+        let e = w.room(&header, 8).expect_err("head went back");
+        assert!(e.to_string().contains("went back"), "{e}");
+        let e = w.arm(&header).expect_err("head went back");
+        assert!(e.to_string().contains("went back"), "{e}");
     }
 }
 

@@ -15,18 +15,21 @@
 //! 3. When the acceptor's setup keeps a TCP connection, the acceptor takes the hellos waiting
 //!    on its listener ([`Offers::answer`]), keeps the one whose port is its TCP peer's (others
 //!    are from attempts the setup dropped), checks that the sender runs as the same user and
-//!    that the memory file's size is sealed, maps it, and answers one byte, 1. After its own
-//!    setup the opener waits for that byte ([`Proposal::confirm`]), bounded by the setup's
-//!    deadline: it comes as soon as the acceptor has accepted, whatever the acceptor's other
-//!    connections do. The opener, too, takes the name only from a process of its user.
+//!    that the memory file's size is sealed, maps it, and answers one byte, 1. Then it closes
+//!    that Unix listener (its link keeps one connection), which resets every connection
+//!    still in its backlog. After its own setup the opener waits for that byte
+//!    ([`Proposal::confirm`]), bounded by the setup's deadline: it comes, or the connection
+//!    ends, as soon as the acceptor has accepted, whatever the acceptor's other connections
+//!    do. The opener, too, takes the name only from a process of its user.
 //!
-//! Anything unexpected (no name, a full backlog, a malformed hello, another user) leaves the
-//! link on TCP, where it works as before; only an opener whose acceptor took the hello and
-//! then never answered fails, naming the peer.
+//! Anything unexpected (no name, a full backlog, a malformed hello, another user, strangers'
+//! connections ahead of the hello, a reset before the answer) leaves the link on TCP, where it
+//! works as before; only an opener whose acceptor neither answered nor closed the connection
+//! by the deadline fails, naming the peer.
 
 use std::io::{self, Read};
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::time::Instant;
@@ -91,19 +94,21 @@ impl Offers {
 
     /// The local link of the TCP connection accepted on listener `link` from `peer`, if its
     /// opener proposed one: takes the hellos waiting there (at most [`MAX_HELLOS`], so that a
-    /// process connecting without end cannot hold the setup here).
+    /// process connecting without end cannot hold the setup here), then closes the listener.
+    ///
+    /// A listener serves the one connection its link keeps, so nothing it could still accept
+    /// is wanted: closing it resets every connection left in its backlog (the opener's stale
+    /// proposals, a stranger's connections, or the proposal itself when more than
+    /// [`MAX_HELLOS`] strangers came first), and each of their openers stays on TCP at once
+    /// instead of waiting for the end of this rank's setup.
     pub(crate) fn answer(&mut self, link: usize, peer: SocketAddr) -> Option<LocalLink> {
-        let listener = self.listeners.get(link)?.as_ref()?;
-        let mut found = None;
+        let listener = self.listeners.get_mut(link)?.take()?;
         for _ in 0..MAX_HELLOS {
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
-            if found.is_some() {
-                continue;
-            }
             let Some((port, fd)) = take_hello(&stream) else {
                 continue;
             };
@@ -113,14 +118,16 @@ impl Offers {
             let Ok(mapping) = Mapping::open(&fd, MAPPING) else {
                 continue;
             };
+            let Ok(local) = LocalLink::new(mapping, End::Acceptor) else {
+                continue;
+            };
             // Without SIGPIPE: the opener of a hello may have given up and closed.
             let sent = socket2::SockRef::from(&stream).send_with_flags(&[1], libc::MSG_NOSIGNAL);
             if matches!(sent, Ok(1)) {
-                found = Some(LocalLink::new(mapping, End::Acceptor));
-                break;
+                return Some(local);
             }
         }
-        found
+        None
     }
 }
 
@@ -187,7 +194,7 @@ pub(crate) fn propose(to: SocketAddr, port: u16) -> Option<Proposal> {
         return None;
     }
     let (mapping, fd) = Mapping::create(MAPPING).ok()?;
-    send_with_fd(&stream, &hello(port), &fd).ok()?;
+    send_with_fds(&stream, &hello(port), &[fd.as_fd()]).ok()?;
     Some(Proposal { stream, mapping })
 }
 
@@ -207,7 +214,8 @@ fn connect_now(name: &str) -> Option<UnixStream> {
 
 impl Proposal {
     /// Waits until `until` for the acceptor's answer: the local link, or `None` if it closed
-    /// without one (the link stays TCP). An error if it neither answered nor closed in time.
+    /// without one or reset the connection before answering (the link stays TCP). An error if
+    /// it neither answered nor closed in time.
     pub(crate) fn confirm(self, until: Instant) -> io::Result<Option<LocalLink>> {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -217,8 +225,12 @@ impl Proposal {
         let mut answer = [0u8; 1];
         loop {
             return match (&self.stream).read(&mut answer) {
-                Ok(1) if answer[0] == 1 => Ok(Some(LocalLink::new(self.mapping, End::Opener))),
+                Ok(1) if answer[0] == 1 => LocalLink::new(self.mapping, End::Opener).map(Some),
                 Ok(_) => Ok(None),
+                // The acceptor closed its listener with this proposal still in the backlog: it
+                // never read the hello, so it maps nothing and keeps the link on TCP. (Had it
+                // answered, the answer would be read before the reset.)
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     Err(io::ErrorKind::TimedOut.into())
@@ -235,10 +247,18 @@ fn cmsg_space() -> usize {
     unsafe { libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) as usize }
 }
 
-/// Sends `bytes` with the descriptor `fd` attached, in one message.
-fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result<()> {
-    let mut control = [0u64; 4];
-    let space = cmsg_space();
+/// The most descriptors [`send_with_fds`] attaches to one message.
+const MAX_SENT_FDS: usize = 4;
+
+/// Sends `bytes` with the descriptors `fds` attached (a hello has one), in one message.
+fn send_with_fds(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if fds.is_empty() || fds.len() > MAX_SENT_FDS {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    let mut control = [0u64; 6];
+    let data_len = (fds.len() * size_of::<libc::c_int>()) as u32;
+    // SAFETY: `CMSG_SPACE` only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
     assert!(space <= size_of_val(&control), "control buffer");
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr().cast_mut().cast(),
@@ -250,8 +270,8 @@ fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result<(
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
-    // SAFETY: `msg` describes a control buffer of `space` bytes, room for one header and one
-    // descriptor; `CMSG_FIRSTHDR` only computes where the first header goes.
+    // SAFETY: `msg` describes a control buffer of `space` bytes, room for one header and
+    // `fds.len()` descriptors; `CMSG_FIRSTHDR` only computes where the first header goes.
     let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
     if cmsg.is_null() {
         return Err(io::ErrorKind::InvalidInput.into());
@@ -261,13 +281,16 @@ fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result<(
     header.cmsg_level = libc::SOL_SOCKET;
     header.cmsg_type = libc::SCM_RIGHTS;
     // SAFETY: `CMSG_LEN` only computes a size.
-    header.cmsg_len = unsafe { libc::CMSG_LEN(size_of::<libc::c_int>() as u32) } as _;
+    header.cmsg_len = unsafe { libc::CMSG_LEN(data_len) } as _;
     // SAFETY: `cmsg` points into `control`, with room for the header (above).
     unsafe { cmsg.write_unaligned(header) };
     // SAFETY: `CMSG_DATA` only computes where the header's data goes, inside `control`.
-    let data = unsafe { libc::CMSG_DATA(cmsg) };
-    // SAFETY: `data` points at room for one descriptor inside `control` (CMSG_SPACE of one).
-    unsafe { data.cast::<libc::c_int>().write_unaligned(fd.as_raw_fd()) };
+    let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<libc::c_int>();
+    for (i, fd) in fds.iter().enumerate() {
+        // SAFETY: `data` points at room for `fds.len()` descriptors inside `control`
+        // (CMSG_SPACE of that many), and `i` is below it.
+        unsafe { data.wrapping_add(i).write_unaligned(fd.as_raw_fd()) };
+    }
     // SAFETY: `msg` points at `iov` (over `bytes`, which the kernel only reads) and at
     // `control`; every pointer outlives the call.
     let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
@@ -303,51 +326,51 @@ fn recv_with_fd(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Optio
         )
     };
     let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
-    // A truncated control message (more than one descriptor, say) is not a hello; the kernel
-    // drops the descriptors that did not fit.
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Ok((n, None));
+    // Every descriptor the kernel put in this process is owned (and so closed) here before
+    // anything else is looked at: a message with more descriptors than the control buffer
+    // holds has as many installed as fit, with `MSG_CTRUNC` set.
+    let fds = owned_fds(&msg, space);
+    // A truncated control message (more than one descriptor, say) is not a hello.
+    let whole = msg.msg_flags & libc::MSG_CTRUNC == 0;
+    match <[OwnedFd; 1]>::try_from(fds) {
+        Ok([fd]) if whole => Ok((n, Some(fd))),
+        _ => Ok((n, None)),
     }
+}
+
+/// The descriptors of the `SCM_RIGHTS` message in `msg`'s control buffer (of `space` bytes,
+/// filled by `recvmsg`), as owned values.
+fn owned_fds(msg: &libc::msghdr, space: usize) -> Vec<OwnedFd> {
     // SAFETY: `CMSG_FIRSTHDR` reads `msg`'s control fields, which the kernel set, and returns
-    // the first header inside `control` or null.
-    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    // the first header inside the control buffer or null.
+    let cmsg = unsafe { libc::CMSG_FIRSTHDR(msg) };
     if cmsg.is_null() {
-        return Ok((n, None));
+        return Vec::new();
     }
-    // SAFETY: a non-null first header lies wholly inside `control`, written by the kernel.
+    // SAFETY: a non-null first header lies wholly inside the control buffer, written by the
+    // kernel.
     let header = unsafe { cmsg.read_unaligned() };
-    let one = size_of::<libc::c_int>() as u32;
-    // SAFETY: `CMSG_LEN` only computes a size.
-    let len = unsafe { libc::CMSG_LEN(one) } as usize;
     if header.cmsg_level != libc::SOL_SOCKET || header.cmsg_type != libc::SCM_RIGHTS {
-        return Ok((n, None));
+        return Vec::new();
     }
     // SAFETY: `CMSG_LEN` only computes a size.
     let empty = unsafe { libc::CMSG_LEN(0) } as usize;
-    // The descriptors the kernel put in this process, however many the sender attached (as
-    // many as the control buffer holds): every one is owned here, and closed unless it is the
-    // one a hello carries.
+    // As many as the header says the kernel installed (it sets the length to what fit), and
+    // no more than the buffer has room for.
     let count = (header.cmsg_len as usize).saturating_sub(empty) / size_of::<libc::c_int>();
-    let room = (space - empty) / size_of::<libc::c_int>();
-    // SAFETY: `CMSG_DATA` only computes where the header's data is, inside `control`.
+    let room = space.saturating_sub(empty) / size_of::<libc::c_int>();
+    // SAFETY: `CMSG_DATA` only computes where the header's data is, inside the buffer.
     let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<libc::c_int>();
-    let mut fds = Vec::with_capacity(count.min(room));
-    for i in 0..count.min(room) {
-        let at = data.wrapping_add(i);
-        // SAFETY: the header says it carries `count` descriptors at `data`, inside `control`
-        // (and no more are read than `control` has room for).
-        let raw = unsafe { at.read_unaligned() };
-        // SAFETY: a descriptor passed with SCM_RIGHTS is new in this process and owned by no
-        // one else.
-        fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
-    }
-    if header.cmsg_len as usize != len || fds.len() != 1 {
-        return Ok((n, None));
-    }
-    let Some(fd) = fds.pop() else {
-        return Ok((n, None));
-    };
-    Ok((n, Some(fd)))
+    (0..count.min(room))
+        .map(|i| {
+            // SAFETY: the header says it carries `count` descriptors at `data`, inside the
+            // control buffer, and no more are read than the buffer has room for.
+            let raw = unsafe { data.wrapping_add(i).read_unaligned() };
+            // SAFETY: a descriptor passed with SCM_RIGHTS is new in this process and owned by
+            // no one else.
+            unsafe { OwnedFd::from_raw_fd(raw) }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -384,6 +407,89 @@ mod tests {
         let mut got = [0u8; 2];
         assert_eq!(acceptor.read(&mut got).expect("read").0, 2);
         assert_eq!(&got, b"hi");
+    }
+
+    /// A listener address of its own for each test (tests run side by side in one process).
+    fn address(test: u16) -> SocketAddr {
+        let port = 20_000 + (std::process::id() % 20_000) as u16;
+        SocketAddr::new(std::net::Ipv4Addr::new(127, 0, 1, test as u8).into(), port)
+    }
+
+    #[test]
+    fn a_proposal_whose_acceptor_closed_without_taking_it_stays_tcp() {
+        let addr = address(1);
+        let offers = Offers::bind(&[Some(addr)]);
+        let proposal = propose(addr, 3333).expect("a proposal");
+        // Closing the listener resets the connections in its backlog.
+        drop(offers);
+        let until = Instant::now() + Duration::from_secs(10);
+        let confirmed = proposal.confirm(until).expect("a reset before any answer");
+        assert!(confirmed.is_none(), "stays TCP");
+    }
+
+    #[test]
+    fn a_hello_behind_a_backlog_of_strangers_leaves_its_link_on_tcp_at_once() {
+        // Anyone may connect to an abstract name: these take every hello an answer reads.
+        let addr = address(2);
+        let mut offers = Offers::bind(&[Some(addr)]);
+        let strangers: Vec<UnixStream> = (0..MAX_HELLOS)
+            .map(|_| connect_now(&name(addr)).expect("a stranger's connection"))
+            .collect();
+        let proposal = propose(addr, 4444).expect("a proposal");
+        let peer = SocketAddr::new(addr.ip(), 4444);
+        assert!(offers.answer(0, peer).is_none(), "the hello is never read");
+        // The acceptor keeps its offers for the rest of its setup, and the opener must not
+        // wait for it: its answer closed the rest of its backlog.
+        let started = Instant::now();
+        let until = started + Duration::from_secs(10);
+        let confirmed = proposal.confirm(until).expect("a reset before any answer");
+        assert!(confirmed.is_none(), "stays TCP");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        drop((strangers, offers));
+    }
+
+    /// How many descriptors this process has open on memory files called `name`.
+    fn open_memory_files(name: &str) -> usize {
+        let target = format!("/memfd:{name} ");
+        std::fs::read_dir("/proc/self/fd")
+            .expect("/proc/self/fd")
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter(|link| link.to_string_lossy().starts_with(&target))
+            .count()
+    }
+
+    #[test]
+    fn a_hello_with_three_descriptors_is_refused_and_leaves_none_of_them_open() {
+        let name = format!("nuvec-distributed-test-fds-{}", std::process::id());
+        let files: Vec<OwnedFd> = (0..3)
+            .map(|_| {
+                let c = std::ffi::CString::new(name.clone()).expect("a name");
+                // SAFETY: `c` is a NUL-terminated string; the call returns a new descriptor
+                // or -1.
+                let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+                assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+                // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+                unsafe { OwnedFd::from_raw_fd(fd) }
+            })
+            .collect();
+        let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+        let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+        send_with_fds(&theirs, &hello(1), &fds).expect("send");
+        drop(files);
+        assert_eq!(open_memory_files(&name), 0, "only the message holds them");
+        let mut buf = [0u8; HELLO + 1];
+        let (n, fd) = recv_with_fd(&ours, &mut buf).expect("receive");
+        assert_eq!(n, HELLO);
+        assert!(fd.is_none(), "three descriptors are not a hello");
+        assert_eq!(
+            open_memory_files(&name),
+            0,
+            "a descriptor received was left open"
+        );
     }
 
     #[test]
