@@ -11,7 +11,8 @@
 //!   ranks (feature `jaccl`, over the software RDMA provider);
 //! - [`launch`]: `nuvec-launch`, and its environment against `mlx.launch`'s;
 //! - [`examples`]: the examples as the README runs them;
-//! - [`threads`]: the ring with its ranks as threads;
+//! - [`threads`]: the ring with its ranks as threads; [`mismatch`]: the nuvec wire's check of
+//!   every call over TCP and local links;
 //! - [`split`], [`split_ring`], [`split_jaccl`]: `Group::split` across processes, and over
 //!   loopback with the ranks as threads.
 //!
@@ -28,6 +29,7 @@ mod jaccl_mlx;
 mod jaccl_rdma;
 mod jaccl_wires;
 mod launch;
+mod mismatch;
 mod ring;
 mod split;
 mod split_jaccl;

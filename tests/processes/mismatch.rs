@@ -1,0 +1,118 @@
+//! The nuvec wire over real sockets (TCP links and local links, ranks as threads): ranks that
+//! call different operations, or the same with other sizes, all fail at once, those that see
+//! the other call name both calls, and none returns data.
+
+use crate::common::ports;
+use crate::common::rank_threads;
+
+use std::time::{Duration, Instant};
+
+use nuvec_core::DType;
+use nuvec_distributed::reduce::Reduction;
+use nuvec_distributed::{Error, Options, Wire, WireChoice, connect_ring};
+
+/// What one rank calls.
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    /// `all_sum` of this many float32.
+    Sum(usize),
+    /// `all_gather` of this many bytes per rank.
+    Gather(usize),
+    /// `send` of this many bytes to the right neighbour.
+    Send(usize),
+    /// `recv` of this many bytes from the left neighbour.
+    Recv(usize),
+}
+
+/// Every rank's outcome (data or error text) and how long it took, for a ring of
+/// `calls.len()` ranks on the nuvec wire; `local`: whether links may be local.
+fn run(calls: &[Call], local: bool) -> Vec<(Result<Vec<u8>, String>, Duration)> {
+    let ranks = calls.len();
+    let nodes = ports::free_nodes(ranks, 1);
+    let options = Options::default()
+        .timeout(Duration::from_secs(60))
+        .local_links(local)
+        .wire(WireChoice::Nuvec);
+    rank_threads::run(ranks, |rank| {
+        let group = connect_ring(&nodes, rank, &options).expect("connect");
+        let comm = group.communicator().expect("a ring");
+        assert_eq!(comm.wire(), Wire::Nuvec);
+        let (right, left) = ((rank + 1) % ranks, (rank + ranks - 1) % ranks);
+        let started = Instant::now();
+        let result = match calls[rank] {
+            Call::Sum(n) => {
+                let mut data = vec![0u8; 4 * n];
+                comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data)
+                    .map(|()| data)
+            }
+            Call::Gather(n) => {
+                let mut out = vec![0u8; n * ranks];
+                comm.try_all_gather(&vec![1u8; n], &mut out).map(|()| out)
+            }
+            Call::Send(n) => comm.try_send(right, &vec![2u8; n]).map(|()| Vec::new()),
+            Call::Recv(n) => {
+                let mut got = vec![0u8; n];
+                comm.try_recv(left, &mut got).map(|()| got)
+            }
+        };
+        // A rank leaves as a program would after its error (closing its links).
+        drop(group);
+        (result.map_err(|e: Error| e.to_string()), started.elapsed())
+    })
+}
+
+/// Checks that no rank returned data or waited long, and that the ranks of `naming` named both
+/// calls.
+fn check(calls: &[Call], local: bool, naming: &[usize]) {
+    let outcomes = run(calls, local);
+    for (rank, (result, took)) in outcomes.iter().enumerate() {
+        let what = format!("local links {local}, calls {calls:?}, rank {rank}: {result:?}");
+        match result {
+            Err(text) => {
+                assert!(!text.contains("timed out"), "{what}");
+                if naming.contains(&rank) {
+                    assert!(text.contains("where this rank called"), "{what}");
+                }
+            }
+            Ok(data) => assert!(
+                data.is_empty() && matches!(calls[rank], Call::Send(_)),
+                "{what}"
+            ),
+        }
+        assert!(*took < Duration::from_secs(10), "{what} took {took:?}");
+    }
+}
+
+#[test]
+fn ranks_in_all_sum_and_all_gather_all_fail_and_the_neighbours_name_both_calls() {
+    for local in [true, false] {
+        check(&[Call::Sum(4), Call::Gather(16)], local, &[0, 1]);
+        check(
+            &[Call::Sum(4), Call::Gather(16), Call::Sum(4), Call::Sum(4)],
+            local,
+            &[0, 1, 2],
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_passes_another_length_is_named_by_its_neighbours_small_and_large() {
+    for local in [true, false] {
+        check(&[Call::Sum(4), Call::Sum(4), Call::Sum(8)], local, &[0, 1, 2]);
+        let big = 1 << 18;
+        check(
+            &[Call::Sum(big), Call::Sum(big), Call::Sum(big + 1), Call::Sum(big)],
+            local,
+            &[1, 2, 3],
+        );
+        check(&[Call::Sum(big), Call::Gather(4 * big)], local, &[0, 1]);
+    }
+}
+
+#[test]
+fn a_receive_of_another_length_than_its_send_names_the_send() {
+    for local in [true, false] {
+        check(&[Call::Send(100), Call::Recv(200)], local, &[1]);
+        check(&[Call::Send(1 << 20), Call::Sum(4)], local, &[1]);
+    }
+}
