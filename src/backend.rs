@@ -315,7 +315,8 @@ fn cached(backend: Backend) -> Option<Group> {
 }
 
 /// The options every backend reads from the environment: the timeout, the log level, the
-/// spin before parking, JACCL's progress timeout and whether links may be local.
+/// spin before parking, JACCL's progress timeout, whether links may be local and which wire
+/// the ring may speak (JACCL speaks MLX's and ignores it).
 fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     let mut options = Options::default();
     if let Some(timeout) = env.timeout()? {
@@ -328,6 +329,9 @@ fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     options.progress = env.jaccl_progress_timeout()?;
     if let Some(on) = env.local_links()? {
         options.local_links = on;
+    }
+    if let Some(wire) = env.wire()? {
+        options.wire = wire;
     }
     Ok(options)
 }
