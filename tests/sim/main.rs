@@ -8,6 +8,8 @@
 //!   multi-wire mesh of MLX 0.32.4;
 //! - [`campaign`]: a bounded fault campaign; [`failure_semantics`]: one failure model;
 //! - [`split`]: `Group::split` over the ring and JACCL in the simulator;
+//! - [`wire_agreement`]: the ranks' agreement on a wire, for every set of connections that
+//!   are not native;
 //! - [`smoke`]: a first run; [`pattern_golden`]: the interop pattern against its golden file.
 
 #[path = "../common/mod.rs"]
@@ -21,3 +23,4 @@ mod pattern_golden;
 mod ring;
 mod smoke;
 mod split;
+mod wire_agreement;

@@ -43,6 +43,7 @@
 pub mod auth;
 mod connect;
 mod local;
+pub mod probe;
 mod scratch;
 pub mod setup;
 pub(crate) mod split;
@@ -55,7 +56,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::config::log::Log;
-use crate::config::options::{DEFAULT_SPIN, Spin};
+use crate::config::options::{DEFAULT_SPIN, Spin, WireChoice};
 use crate::error::Error;
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer, Watch,
@@ -66,6 +67,7 @@ use crate::transport::tcp::auth::Key;
 use crate::transport::tcp::stream::Reassembly;
 use crate::transport::wait::{Next, Waiter};
 use local::LocalLink;
+pub use probe::NotNative;
 use scratch::Scratch;
 
 /// The scratch buffer of a receive that hands its bytes to the algorithm, per channel.
@@ -104,6 +106,10 @@ pub struct TcpFabric {
     /// What a step that cannot progress consults (JACCL's side channel, a progress timeout);
     /// nothing for MLX's ring.
     watch: Watch,
+    /// `native[peer][link]`: whether the connection is native (both ends are ranks of this
+    /// crate that may speak the nuvec wire), as setup found out (the `probe` module), else
+    /// why not.
+    native: Vec<Vec<Result<(), NotNative>>>,
 }
 
 impl std::fmt::Debug for TcpFabric {
@@ -117,17 +123,47 @@ impl TcpFabric {
     /// same count C) within `timeout`, in MLX's order, and numbers the connections as
     /// [`Wiring::ring`](crate::fabric::Wiring::ring). With `local`, a connection between two
     /// ranks of this crate on one machine carries its bytes through shared memory (see
-    /// [`local`]).
+    /// [`local`]). Unless `wire` is MLX's, it finds out which connections are native (see
+    /// [`native`](Self::native)).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the setup's inputs, each from a different source"
+    )]
     pub(crate) fn connect_ring(
         nodes: &[Vec<String>],
         rank: usize,
         timeout: Duration,
         key: Option<&Key>,
         local: bool,
+        wire: WireChoice,
         log: &Log,
     ) -> Result<Self, Error> {
-        let sockets = connect::connect_ring(nodes, rank, timeout, key, local, log)?;
+        let sockets = connect::connect_ring(nodes, rank, timeout, key, local, wire, log)?;
         Self::from_ring_sockets(rank, nodes.len(), sockets)
+    }
+
+    /// Whether the connection of `channel` is native: both its ends are ranks of this crate
+    /// that may speak the nuvec wire, as found out during setup (a datagram beside the TCP
+    /// port without a key, the handshake with one). The same at both ends of a connection.
+    #[allow(
+        dead_code,
+        reason = "for the nuvec wire's algorithms; the agreement reads `not_native`"
+    )]
+    pub(crate) fn native(&self, channel: Channel) -> bool {
+        self.not_native(channel).is_none()
+    }
+
+    /// Why the connection of `channel` is not native (`None`: it is).
+    pub(crate) fn not_native(&self, channel: Channel) -> Option<NotNative> {
+        match self
+            .native
+            .get(channel.peer)
+            .and_then(|row| row.get(channel.link))
+        {
+            Some(Ok(())) => None,
+            Some(Err(why)) => Some(*why),
+            None => Some(NotNative::Unprobed),
+        }
     }
 
     /// The fabric of rank `rank` of a ring of `size` over its connected `sockets`, numbered as
@@ -141,13 +177,19 @@ impl TcpFabric {
         let left = (rank + size - 1) % size;
         let mut by_peer: Vec<Vec<(TcpStream, Option<LocalLink>)>> =
             (0..size).map(|_| Vec::new()).collect();
+        let mut native: Vec<Vec<Result<(), NotNative>>> =
+            (0..size).map(|_| Vec::new()).collect();
         // Opened connections first, then accepted ones (the `Wiring` rule).
         by_peer[right].extend(sockets.right);
+        native[right].extend(sockets.right_native);
         by_peer[left].extend(sockets.left);
-        Self::from_links(rank, by_peer).map_err(|e| Error::Connect {
+        native[left].extend(sockets.left_native);
+        let mut fabric = Self::from_links(rank, by_peer).map_err(|e| Error::Connect {
             rank,
             what: format!("cannot set up the ring's sockets: {e}"),
-        })
+        })?;
+        fabric.native = native;
+        Ok(fabric)
     }
 
     /// A fabric over connected streams: `streams[peer][link]`, each given the fabric's socket
@@ -203,6 +245,7 @@ impl TcpFabric {
             epoch: Instant::now(),
             waiter: Waiter::new(Spin::Adaptive(DEFAULT_SPIN)),
             watch: Watch::default(),
+            native: Vec::new(),
         })
     }
 
