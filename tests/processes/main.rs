@@ -12,6 +12,7 @@
 //! - [`launch`]: `nuvec-launch`, and its environment against `mlx.launch`'s;
 //! - [`examples`]: the examples as the README runs them;
 //! - [`threads`]: the ring with its ranks as threads;
+//! - [`wire`]: the nuvec wire's negotiation (probe, handshake, agreement), ranks as threads;
 //! - [`split`], [`split_ring`], [`split_jaccl`]: `Group::split` across processes, and over
 //!   loopback with the ranks as threads.
 //!
@@ -33,3 +34,4 @@ mod split;
 mod split_jaccl;
 mod split_ring;
 mod threads;
+mod wire;

@@ -42,16 +42,15 @@ fn agree_over(ranks: usize, conns: usize, mask: u64) {
             Outcome::Returned(Ok(a)) => a,
             other => panic!("{case}: rank {rank}: {other:?}"),
         };
-        let want = if mask == 0 {
-            Wire::Nuvec
-        } else {
-            Wire::Mlx
-        };
+        let want = if mask == 0 { Wire::Nuvec } else { Wire::Mlx };
         assert_eq!(agreed.wire, want, "{case}: rank {rank}");
         match agreed.unfit {
             None => assert_eq!(mask, 0, "{case}: rank {rank} learnt of none"),
             Some(Unfit { opener, link, why }) => {
-                assert!(unfit(opener, link), "{case}: rank {rank} names {opener}/{link}");
+                assert!(
+                    unfit(opener, link),
+                    "{case}: rank {rank} names {opener}/{link}"
+                );
                 assert_eq!(why, NotNative::Refused);
             }
         }
