@@ -281,6 +281,7 @@ pub fn connect_ring(
         .into());
     }
     let log = Log::new(options.log, rank);
+    let started = std::time::Instant::now();
     let mut fabric = TcpFabric::connect_ring(
         nodes,
         rank,
@@ -292,6 +293,7 @@ pub fn connect_ring(
     )?
     .with_wait(options.spin);
     let wire = agree_on_wire(&mut fabric, nodes, rank, options, &log)?;
+    log.info(format_args!("setup took {:?}", started.elapsed()));
     let splitter = TcpRing::new(
         nodes[rank][0].clone(),
         conns,
@@ -334,7 +336,9 @@ fn agree_on_wire(
         Side::Right => right.get(c).copied().flatten(),
         Side::Left => left.get(c).copied().flatten(),
     };
+    let started = std::time::Instant::now();
     let agreed = agree::agree(fabric, ring, options.wire, &known, options.timeout)?;
+    let took = started.elapsed();
     let unfit = agreed.unfit.map(|u| {
         let acceptor = u.acceptor(size);
         let address = nodes
@@ -355,9 +359,11 @@ fn agree_on_wire(
     }
     match (agreed.wire, unfit) {
         (Wire::Mlx, Some(why)) if options.wire != WireChoice::Mlx => {
-            log.info(format_args!("the job speaks MLX's wire: {why}"));
+            log.info(format_args!(
+                "the job speaks MLX's wire (agreed in {took:?}): {why}"
+            ));
         }
-        (wire, _) => log.info(format_args!("the job speaks {wire}")),
+        (wire, _) => log.info(format_args!("the job speaks {wire} (agreed in {took:?})")),
     }
     Ok(agreed.wire)
 }

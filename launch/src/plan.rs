@@ -599,10 +599,7 @@ mod tests {
             .collect();
         assert_eq!(
             got,
-            [(
-                "NUVEC_DISTRIBUTED_WIRE".to_owned(),
-                Some("mlx".to_owned())
-            )]
+            [("NUVEC_DISTRIBUTED_WIRE".to_owned(), Some("mlx".to_owned()))]
         );
         assert!(plan_of(&["x"]).unwrap().exports.is_empty());
         let e = crate::args::parse(["nuvec-launch", "--wire", "fast", "x"]).unwrap_err();

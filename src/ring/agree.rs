@@ -189,14 +189,16 @@ pub fn agree<F: Fabric>(
                     landing: Landing::Into(into),
                 });
             }
-            fabric.run(&mut step, deadline).map_err(|e| Error::Connect {
-                rank,
-                what: format!(
-                    "agreeing on a wire with the neighbours, round {} of {}: {e}",
-                    round + 1,
-                    rounds(size)
-                ),
-            })?;
+            fabric
+                .run(&mut step, deadline)
+                .map_err(|e| Error::Connect {
+                    rank,
+                    what: format!(
+                        "agreeing on a wire with the neighbours, round {} of {}: {e}",
+                        round + 1,
+                        rounds(size)
+                    ),
+                })?;
         }
         for (channel, record) in channels.iter().zip(&got) {
             match Unfit::decode(record) {
@@ -221,10 +223,7 @@ pub fn agree<F: Fabric>(
     } else {
         Wire::Mlx
     };
-    Ok(Agreement {
-        wire,
-        unfit: least,
-    })
+    Ok(Agreement { wire, unfit: least })
 }
 
 #[cfg(test)]

@@ -54,7 +54,13 @@ impl Key {
         mac
     }
 
-    fn proof(&self, role: &[u8], hello: &[u8; HELLO], nonce: &[u8; NONCE], wire: u8) -> [u8; NONCE] {
+    fn proof(
+        &self,
+        role: &[u8],
+        hello: &[u8; HELLO],
+        nonce: &[u8; NONCE],
+        wire: u8,
+    ) -> [u8; NONCE] {
         self.mac(role, hello, nonce, wire)
             .finalize()
             .into_bytes()

@@ -559,6 +559,8 @@ struct Driver<'a> {
     udp: Vec<Option<UdpSocket>>,
     /// The acceptor's half of the probes (`None`: this rank neither probes nor answers).
     answerer: Option<Answerer>,
+    /// How many probes this rank made, and the time they took (what probing adds to setup).
+    probed: (u32, Duration),
 }
 
 /// An opened connection: its stream, the local link proposed for it, whether it is native.
@@ -600,6 +602,7 @@ impl<'a> Driver<'a> {
             job,
             udp,
             answerer,
+            probed: (0, Duration::ZERO),
         })
     }
 
@@ -710,6 +713,15 @@ impl<'a> Driver<'a> {
         }
     }
 
+    /// [`probe`](Self::probe), counted and timed.
+    fn timed_probe(&mut self, link: usize, to: SocketAddr, port: u16) -> Outcome {
+        let started = Instant::now();
+        let outcome = self.probe(link, to, port);
+        self.probed.0 += 1;
+        self.probed.1 += started.elapsed();
+        outcome
+    }
+
     /// Probes the acceptor at `to` for `link`, announcing TCP source port `port`, answering
     /// this rank's own probes while it waits (see [`probe`]).
     fn probe(&mut self, link: usize, to: SocketAddr, port: u16) -> Outcome {
@@ -717,9 +729,8 @@ impl<'a> Driver<'a> {
             Ok(socket) => socket,
             Err(e) => {
                 // Nothing was sent, so nothing can have been answered: as a refusal.
-                self.log.debug(format_args!(
-                    "cannot make a UDP socket to probe {to}: {e}"
-                ));
+                self.log
+                    .debug(format_args!("cannot make a UDP socket to probe {to}: {e}"));
                 return Outcome::Refused;
             }
         };
@@ -804,7 +815,13 @@ impl<'a> Driver<'a> {
             let stream = TcpStream::connect_timeout(addr, within)?;
             return Ok((stream, None, self.opened_unprobed()));
         }
-        let tcp = || Socket::new(Domain::for_address(*addr), Type::STREAM, Some(Protocol::TCP));
+        let tcp = || {
+            Socket::new(
+                Domain::for_address(*addr),
+                Type::STREAM,
+                Some(Protocol::TCP),
+            )
+        };
         let socket = tcp()?;
         let port = bind_like_connect(&socket, addr);
         // Held, still bound, until the new socket connects, so that its port differs.
@@ -812,7 +829,7 @@ impl<'a> Driver<'a> {
         let (socket, port, native) = match (probing, port) {
             (false, _) => (socket, port, self.opened_unprobed()),
             (true, None) => (socket, None, Err(NotNative::NoPort)),
-            (true, Some(port)) => match self.probe(link, *addr, port) {
+            (true, Some(port)) => match self.timed_probe(link, *addr, port) {
                 Outcome::Answered => (socket, Some(port), Ok(())),
                 Outcome::Refused => (socket, Some(port), Err(NotNative::Refused)),
                 Outcome::TimedOut => {
@@ -1002,6 +1019,12 @@ impl<'a> Driver<'a> {
                     }
                 }
             }
+        }
+        if self.probed.0 > 0 {
+            self.log.info(format_args!(
+                "{} probes of the nuvec wire took {:?} in all",
+                self.probed.0, self.probed.1
+            ));
         }
         Ok(RingSockets {
             right,

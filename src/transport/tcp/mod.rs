@@ -177,8 +177,7 @@ impl TcpFabric {
         let left = (rank + size - 1) % size;
         let mut by_peer: Vec<Vec<(TcpStream, Option<LocalLink>)>> =
             (0..size).map(|_| Vec::new()).collect();
-        let mut native: Vec<Vec<Result<(), NotNative>>> =
-            (0..size).map(|_| Vec::new()).collect();
+        let mut native: Vec<Vec<Result<(), NotNative>>> = (0..size).map(|_| Vec::new()).collect();
         // Opened connections first, then accepted ones (the `Wiring` rule).
         by_peer[right].extend(sockets.right);
         native[right].extend(sockets.right_native);

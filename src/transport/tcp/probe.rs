@@ -313,22 +313,29 @@ impl NotNative {
 
     /// The reason of `code` (`None`: not a code of this version).
     pub fn from_code(code: u8) -> Option<Self> {
-        NotNative::ALL.get(usize::from(code).checked_sub(1)?).copied()
+        NotNative::ALL
+            .get(usize::from(code).checked_sub(1)?)
+            .copied()
     }
 
     /// What it says of the connection `link` opened by rank `opener` to rank `acceptor` at
     /// `address` (the acceptor's address of that link).
     pub fn describe(self, opener: usize, acceptor: usize, link: usize, address: &str) -> String {
         match self {
-            NotNative::Refused | NotNative::TimedOut | NotNative::Unprobed => format!(
+            NotNative::Refused | NotNative::TimedOut => format!(
                 "rank {acceptor} did not answer the nuvec wire's probe on {address} (an MLX \
                  rank, nuvec-distributed 0.5, or a firewall dropping UDP; connection {link} \
                  from rank {opener}: {})",
-                match self {
-                    NotNative::Refused => "the probe was refused",
-                    NotNative::TimedOut => "no answer in time",
-                    _ => "no probe was answered for it",
+                if self == NotNative::Refused {
+                    "the probe was refused"
+                } else {
+                    "no answer in time"
                 }
+            ),
+            NotNative::Unprobed => format!(
+                "rank {opener} connected to {address} (connection {link} to rank {acceptor}) \
+                 without an answered probe of the nuvec wire (an MLX rank, nuvec-distributed \
+                 0.5, or a probe that went unanswered)"
             ),
             NotNative::NoPort => format!(
                 "rank {opener} could not bind a port to probe {address} (connection {link} to \
@@ -525,7 +532,10 @@ mod tests {
         other.answer = true;
         for wrong in [
             Datagram { nonce: 2, ..other },
-            Datagram { port: 40002, ..other },
+            Datagram {
+                port: 40002,
+                ..other
+            },
             Datagram { job: 1, ..other },
             Datagram {
                 answer: false,
@@ -641,7 +651,9 @@ mod tests {
             nonce: 4,
             ..first
         };
-        acceptor.handle(0, from, &second.encode()).expect("answered");
+        acceptor
+            .handle(0, from, &second.encode())
+            .expect("answered");
         assert!(!acceptor.native(0, addr("127.0.0.1:40000")));
         assert!(acceptor.native(0, addr("127.0.0.1:40002")));
     }
@@ -673,8 +685,14 @@ mod tests {
             nonce: 0x0102_0304_0506_0708,
         };
         assert_eq!(Datagram::decode(&d.encode()), Some(d));
-        let a = vec![vec!["10.0.0.1:5000".to_owned()], vec!["10.0.0.2:5000".into()]];
-        let b = vec![vec!["10.0.0.1:5000".to_owned()], vec!["10.0.0.2:5001".into()]];
+        let a = vec![
+            vec!["10.0.0.1:5000".to_owned()],
+            vec!["10.0.0.2:5000".into()],
+        ];
+        let b = vec![
+            vec!["10.0.0.1:5000".to_owned()],
+            vec!["10.0.0.2:5001".into()],
+        ];
         assert_eq!(job_identity(&a), job_identity(&a.clone()));
         assert_ne!(job_identity(&a), job_identity(&b));
     }

@@ -82,16 +82,8 @@ impl Listening {
         log: &Log,
     ) -> Result<TcpFabric, Error> {
         // No probe: a sub-group inherits its parent's wire.
-        let sockets = connect::connect_ring_on(
-            nodes,
-            rank,
-            self.listeners,
-            timeout,
-            key,
-            local,
-            None,
-            log,
-        )?;
+        let sockets =
+            connect::connect_ring_on(nodes, rank, self.listeners, timeout, key, local, None, log)?;
         TcpFabric::from_ring_sockets(rank, nodes.len(), sockets)
     }
 }
