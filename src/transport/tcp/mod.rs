@@ -35,6 +35,13 @@
 //! versions and to other machines stay TCP, byte for byte MLX's;
 //! [`Options::local_links`](crate::Options::local_links) turns local links off.
 //!
+//! Setup also finds out which connections are *native*, both ends being ranks of this crate
+//! that may speak the nuvec wire ([`probe`]: a datagram to the UDP port beside the acceptor's
+//! TCP port before each connect; with a key, the handshake's wire bytes), so that the ring's
+//! ranks can agree on a wire (`ring::agree`) without a byte on the TCP connections that MLX
+//! would not send. Local links are orthogonal: they change where a connection's bytes go, not
+//! which wire they are.
+//!
 //! Receives never read past their own end, so the bytes of the next operation stay in the
 //! socket for it: the stream stays aligned with MLX's. No read or write asks for more than
 //! 1 GiB at a time (macOS fails socket calls above `INT_MAX` bytes; see the private `limits`
