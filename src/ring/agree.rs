@@ -97,23 +97,27 @@ impl Unfit {
         b
     }
 
-    /// The connection a record names (`Ok(None)`: none), or `Err` if it is not a record.
-    pub fn decode(b: &[u8; RECORD]) -> Result<Option<Unfit>, ()> {
+    /// The connection a record names (`Ok(None)`: none), or [`NotARecord`].
+    pub fn decode(b: &[u8; RECORD]) -> Result<Option<Unfit>, NotARecord> {
         let word = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         match b[0] {
             0 if b.iter().all(|&x| x == 0) => Ok(None),
             1 if b[2..4] == [0, 0] => {
-                let why = NotNative::from_code(b[1]).ok_or(())?;
+                let why = NotNative::from_code(b[1]).ok_or(NotARecord)?;
                 Ok(Some(Unfit {
                     opener: word(4) as usize,
                     link: word(8) as usize,
                     why,
                 }))
             }
-            _ => Err(()),
+            _ => Err(NotARecord),
         }
     }
 }
+
+/// Bytes that are not a record of the agreement (a peer of another version, or a bug).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotARecord;
 
 /// What the ranks agreed on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,7 +208,7 @@ pub fn agree<F: Fabric>(
             match Unfit::decode(record) {
                 Ok(Some(u)) => learn(u, &mut least),
                 Ok(None) => {}
-                Err(()) => {
+                Err(NotARecord) => {
                     return Err(Error::Connect {
                         rank,
                         what: format!(
@@ -241,11 +245,11 @@ mod tests {
         assert_eq!(Unfit::decode(&Unfit::encode(None)), Ok(None));
         let mut bad = Unfit::encode(Some(u));
         bad[1] = 0;
-        assert_eq!(Unfit::decode(&bad), Err(()));
+        assert_eq!(Unfit::decode(&bad), Err(NotARecord));
         let mut bad = Unfit::encode(None);
         bad[5] = 1;
-        assert_eq!(Unfit::decode(&bad), Err(()));
-        assert_eq!(Unfit::decode(&[2; RECORD]), Err(()));
+        assert_eq!(Unfit::decode(&bad), Err(NotARecord));
+        assert_eq!(Unfit::decode(&[2; RECORD]), Err(NotARecord));
     }
 
     #[test]
