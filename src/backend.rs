@@ -16,12 +16,15 @@ use crate::config::ConfigError;
 use crate::config::env::Env;
 use crate::config::hostfile;
 use crate::config::log::Log;
-use crate::config::options::Options;
+use crate::config::options::{Options, Wire, WireChoice};
 use crate::error::Error;
 use crate::fabric::{Fabric, Liveness, Watch};
 use crate::jaccl::split::TcpCables;
 use crate::jaccl::{self, FrameRule, JacclCommunicator, JacclFabric, SideChannel};
+use crate::ring::RingTopology;
+use crate::ring::agree;
 use crate::ring::communicator::RingCommunicator;
+use crate::ring::schedule::Side;
 use crate::ring::split::TcpRing;
 use crate::transport::tcp::TcpFabric;
 
@@ -278,15 +281,19 @@ pub fn connect_ring(
         .into());
     }
     let log = Log::new(options.log, rank);
-    let fabric = TcpFabric::connect_ring(
+    let started = std::time::Instant::now();
+    let mut fabric = TcpFabric::connect_ring(
         nodes,
         rank,
         options.timeout,
         options.key.as_ref(),
         options.local_links,
+        options.wire,
         &log,
     )?
     .with_wait(options.spin);
+    let wire = agree_on_wire(&mut fabric, nodes, rank, options, &log)?;
+    log.info(format_args!("setup took {:?}", started.elapsed()));
     let splitter = TcpRing::new(
         nodes[rank][0].clone(),
         conns,
@@ -297,6 +304,7 @@ pub fn connect_ring(
     );
     let comm = Arc::new(
         RingCommunicator::new(fabric, conns, options.timeout)
+            .with_wire(wire)
             .with_log(log)
             .with_splitter(Arc::new(splitter)),
     );
@@ -304,6 +312,60 @@ pub fn connect_ring(
         group: Group::new(comm.clone()),
         comm: Some(comm),
     })
+}
+
+/// Runs the agreement on a wire (`ring::agree`) over the connections `fabric` was set up
+/// with, and checks it against what this rank was asked for: a rank asked for the nuvec wire
+/// in a job that cannot have it fails, naming a connection that cannot speak it.
+fn agree_on_wire(
+    fabric: &mut TcpFabric,
+    nodes: &[Vec<String>],
+    rank: usize,
+    options: &Options,
+    log: &Log,
+) -> Result<Wire, Error> {
+    let (size, conns) = (nodes.len(), nodes[0].len());
+    let ring = RingTopology::new(rank, size, conns);
+    let right: Vec<_> = (0..conns)
+        .map(|c| fabric.not_native(ring.channel(Side::Right, c)))
+        .collect();
+    let left: Vec<_> = (0..conns)
+        .map(|c| fabric.not_native(ring.channel(Side::Left, c)))
+        .collect();
+    let known = |side: Side, c: usize| match side {
+        Side::Right => right.get(c).copied().flatten(),
+        Side::Left => left.get(c).copied().flatten(),
+    };
+    let started = std::time::Instant::now();
+    let agreed = agree::agree(fabric, ring, options.wire, &known, options.timeout)?;
+    let took = started.elapsed();
+    let unfit = agreed.unfit.map(|u| {
+        let acceptor = u.acceptor(size);
+        let address = nodes
+            .get(acceptor)
+            .and_then(|a| a.get(u.link))
+            .map_or("?", String::as_str);
+        u.why.describe(u.opener, acceptor, u.link, address)
+    });
+    if options.wire == WireChoice::Nuvec && agreed.wire != Wire::Nuvec {
+        return Err(Error::Connect {
+            rank,
+            what: format!(
+                "the nuvec wire was asked for (NUVEC_DISTRIBUTED_WIRE=nuvec) but the job cannot \
+                 speak it: {}",
+                unfit.unwrap_or_else(|| "no connection is native".into())
+            ),
+        });
+    }
+    match (agreed.wire, unfit) {
+        (Wire::Mlx, Some(why)) if options.wire != WireChoice::Mlx => {
+            log.info(format_args!(
+                "the job speaks MLX's wire (agreed in {took:?}): {why}"
+            ));
+        }
+        (wire, _) => log.info(format_args!("the job speaks {wire} (agreed in {took:?})")),
+    }
+    Ok(agreed.wire)
 }
 
 fn cached(backend: Backend) -> Option<Group> {
@@ -315,7 +377,8 @@ fn cached(backend: Backend) -> Option<Group> {
 }
 
 /// The options every backend reads from the environment: the timeout, the log level, the
-/// spin before parking, JACCL's progress timeout and whether links may be local.
+/// spin before parking, JACCL's progress timeout, whether links may be local and which wire
+/// the ring may speak (JACCL speaks MLX's and ignores it).
 fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     let mut options = Options::default();
     if let Some(timeout) = env.timeout()? {
@@ -328,6 +391,9 @@ fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     options.progress = env.jaccl_progress_timeout()?;
     if let Some(on) = env.local_links()? {
         options.local_links = on;
+    }
+    if let Some(wire) = env.wire()? {
+        options.wire = wire;
     }
     Ok(options)
 }

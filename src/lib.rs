@@ -80,6 +80,7 @@ pub use transport::tcp::TcpFabric;
 #[doc(hidden)]
 pub mod internals {
     pub use crate::collective::split::{Exchange, Plan, Splitter, SubFabric};
+    pub use crate::ring::agree;
     pub use crate::transport::tcp;
     pub use crate::transport::tcp::{auth, stream};
 }

@@ -1,7 +1,8 @@
 //! The command line: `mlx.launch`'s options (names, defaults, help), parsed with `clap`.
 //!
 //! The options are `mlx.launch` 0.32.4's, less those of the backends `nuvec-launch` does not
-//! start (`--mpi-arg`, `--nccl-port`, `--print-python`). As with `argparse`, long options may
+//! start (`--mpi-arg`, `--nccl-port`, `--print-python`), plus `--wire` (this crate's choice of
+//! the ring's wire, as `NUVEC_DISTRIBUTED_WIRE`). As with `argparse`, long options may
 //! be abbreviated to a unique prefix (`--conn 2`), take their value as the next argument or
 //! after `=`, and `-n`/`-p` also take it attached (`-n4`); the command starts at the first
 //! argument that is not an option (or after `--`), and everything from there on is the
@@ -119,6 +120,12 @@ pub(crate) struct Args {
     /// one, where it exists]
     #[arg(long)]
     pub(crate) cwd: Option<String>,
+    /// Which wire the ring's ranks may speak (sets NUVEC_DISTRIBUTED_WIRE for every rank):
+    /// auto (the nuvec wire when every rank is nuvec-distributed, MLX's otherwise), mlx (MLX's
+    /// wire on every link), nuvec (the nuvec wire, or no group) [default: unset, which is
+    /// auto]; Python MLX ranks ignore it
+    #[arg(long, value_name = "WIRE", value_parser = ["auto", "mlx", "nuvec"])]
+    pub(crate) wire: Option<String>,
     /// Launch the command with this python interpreter
     #[arg(long)]
     pub(crate) python: Option<String>,

@@ -198,6 +198,9 @@ pub(crate) fn plan(args: &Args, list: HostList, terminal: (i64, i64)) -> Result<
 
     let mut env: Vec<String> = list.envs.clone();
     env.extend(args.env.iter().cloned());
+    if let Some(wire) = &args.wire {
+        env.push(format!("NUVEC_DISTRIBUTED_WIRE={wire}"));
+    }
     let (columns, lines) = terminal;
     if columns > 0 && !env.iter().any(|e| e.starts_with("COLUMNS=")) {
         env.push(format!("COLUMNS={columns}"));
@@ -584,6 +587,24 @@ mod tests {
         );
         assert_eq!(env[env.len() - 1], ("MLX_RANK".to_owned(), "2".to_owned()));
         assert_eq!(env[2], ("EMPTY".to_owned(), String::new()));
+    }
+
+    #[test]
+    fn a_wire_is_exported_to_every_rank_and_an_unknown_one_is_a_usage_error() {
+        let p = plan_of(&["--wire", "mlx", "x"]).unwrap();
+        let got: Vec<(String, Option<String>)> = p
+            .exports
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [("NUVEC_DISTRIBUTED_WIRE".to_owned(), Some("mlx".to_owned()))]
+        );
+        assert!(plan_of(&["x"]).unwrap().exports.is_empty());
+        let e = crate::args::parse(["nuvec-launch", "--wire", "fast", "x"]).unwrap_err();
+        let text = crate::args::message(&e);
+        assert!(text.contains("fast") && text.contains("nuvec"), "{text}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! | `NUVEC_DISTRIBUTED_LOG` | `off`, `error`, `warn`, `info` or `debug` (any case) |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | a fixed time a waiting step looks before it parks, 0 to 1 000 000 µs (unset: it adapts) |
 //! | `NUVEC_DISTRIBUTED_LOCAL_LINKS` | `1` (the default) or `0`: whether ring links between ranks on one machine may use shared memory |
+//! | `NUVEC_DISTRIBUTED_WIRE` | `auto` (the default), `mlx` or `nuvec` (any case): which wire the ring may speak (see [`WireChoice`](crate::WireChoice)) |
 //! | `JACCL_PROGRESS_TIMEOUT_S` / `MLX_JACCL_PROGRESS_TIMEOUT_S` | JACCL: the longest a wait may go without progress, non-negative seconds, 0 off (`JACCL_*` wins) |
 //!
 //! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the
@@ -26,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::error::{ConfigError, FileKind, RankProblem};
+use crate::config::options::WireChoice;
 
 /// The path of the ring hostfile.
 pub(crate) const MLX_HOSTFILE: &str = "MLX_HOSTFILE";
@@ -47,6 +49,8 @@ pub(crate) const LOG: &str = "NUVEC_DISTRIBUTED_LOG";
 pub(crate) const SPIN: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 /// Whether ring links between ranks on one machine may be local (shared memory).
 pub(crate) const LOCAL_LINKS: &str = "NUVEC_DISTRIBUTED_LOCAL_LINKS";
+/// Which wire the ring may speak: `auto`, `mlx` or `nuvec`.
+pub(crate) const WIRE: &str = "NUVEC_DISTRIBUTED_WIRE";
 /// Which fabric carries JACCL: `rdma` (the default) or `tcp` (one connection per cable).
 pub(crate) const JACCL_FABRIC: &str = "NUVEC_JACCL_FABRIC";
 /// JACCL's frame rule: `small` (the default, macOS 26.2) or `large` (macOS 26.3 and later).
@@ -269,6 +273,24 @@ impl<'a> Env<'a> {
                 &v,
                 "is neither 1 (ring links between ranks on one machine may use shared memory) \
                  nor 0 (they stay TCP)",
+            )),
+        }
+    }
+
+    /// Which wire the ring may speak, from `NUVEC_DISTRIBUTED_WIRE` (`auto`, `mlx` or `nuvec`,
+    /// any case), `None` if unset.
+    pub(crate) fn wire(&self) -> Result<Option<WireChoice>, ConfigError> {
+        let Some(v) = self.text(WIRE)? else {
+            return Ok(None);
+        };
+        match v.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Some(WireChoice::Auto)),
+            "mlx" => Ok(Some(WireChoice::Mlx)),
+            "nuvec" => Ok(Some(WireChoice::Nuvec)),
+            _ => Err(bad_value(
+                WIRE,
+                &v,
+                "is not a wire: auto (the nuvec wire where every rank speaks it), mlx (MLX's                  wire on every link) or nuvec (the nuvec wire, or no group)",
             )),
         }
     }
@@ -501,6 +523,11 @@ mod tests {
         a_local_links_value_other_than_0_or_1_is_refused:
             local_links, [("NUVEC_DISTRIBUTED_LOCAL_LINKS", "yes")]
                 => ["NUVEC_DISTRIBUTED_LOCAL_LINKS=\"yes\"", "neither 1", "nor 0"];
+        an_unknown_wire_is_refused:
+            wire, [("NUVEC_DISTRIBUTED_WIRE", "fast")]
+                => ["NUVEC_DISTRIBUTED_WIRE=\"fast\"", "not a wire", "auto", "mlx", "nuvec"];
+        an_empty_wire_is_refused:
+            wire, [("NUVEC_DISTRIBUTED_WIRE", "")] => ["NUVEC_DISTRIBUTED_WIRE=\"\"", "not a wire"];
         a_short_key_is_refused_without_showing_it:
             key, [("NUVEC_DISTRIBUTED_KEY", "fifteen-bytes!!")]
                 => ["NUVEC_DISTRIBUTED_KEY is too short", "15 bytes", "at least 16"];
@@ -559,6 +586,18 @@ mod tests {
     }
 
     #[test]
+    fn a_wire_is_read_as_auto_mlx_or_nuvec_in_any_case_and_unset_is_none() {
+        let read = |vars: &[(&str, &str)]| {
+            let f = lookup(vars);
+            Env::from_fn(&f).wire().expect("a valid value")
+        };
+        assert_eq!(read(&[(WIRE, "auto")]), Some(WireChoice::Auto));
+        assert_eq!(read(&[(WIRE, " MLX ")]), Some(WireChoice::Mlx));
+        assert_eq!(read(&[(WIRE, "Nuvec")]), Some(WireChoice::Nuvec));
+        assert_eq!(read(&[]), None);
+    }
+
+    #[test]
     fn a_spin_is_read_in_microseconds_and_zero_parks_at_once() {
         let spin = |v: &str| {
             let f = lookup(&[("NUVEC_DISTRIBUTED_SPIN_US", v)]);
@@ -583,7 +622,7 @@ mod tests {
     fn non_utf8_values_are_errors_naming_the_variable() {
         use std::os::unix::ffi::OsStringExt;
         let bad = || OsString::from_vec(vec![b'1', 0xff]);
-        for name in [MLX_RANK, TIMEOUT, LOG, KEY, SPIN, LOCAL_LINKS] {
+        for name in [MLX_RANK, TIMEOUT, LOG, KEY, SPIN, LOCAL_LINKS, WIRE] {
             let f = |n: &str| match n {
                 "MLX_HOSTFILE" => Some(OsString::from("h")),
                 n if n == name => Some(bad()),
@@ -596,6 +635,7 @@ mod tests {
                 LOG => message(env.log_level()),
                 SPIN => message(env.spin()),
                 LOCAL_LINKS => message(env.local_links()),
+                WIRE => message(env.wire()),
                 _ => message(env.key()),
             };
             assert!(m.contains(name) && m.contains("not valid UTF-8"), "{m}");

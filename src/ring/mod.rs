@@ -7,6 +7,9 @@
 //! raw element bytes on each direction of each connection. [`RingTopology`] names those
 //! connections as fabric channels.
 
+// Public for the simulator's tests (through `internals`), not part of the API.
+#[doc(hidden)]
+pub mod agree;
 pub mod algorithm;
 pub mod checked;
 pub(crate) mod communicator;

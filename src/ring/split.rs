@@ -8,6 +8,10 @@
 //! names, the members tell each other those addresses through the parent's all-gather, and
 //! connect in MLX's order, authenticating with the parent's key if it has one.
 //!
+//! A sub-group speaks its parent's wire (`with_wire`): no probe, no agreement. If the parent
+//! agreed on the nuvec wire, every rank of the job is this crate; if on MLX's, the sub-group
+//! keeps MLX's, as a sub-group of a ring with a Python MLX rank must.
+//!
 //! MLX's ring has no `split` (it throws), and its wire has no room for a question, so a ring
 //! cannot find out whether all its ranks are Rust before it tries: a Python MLX rank never
 //! joins the exchange, which then fails at the parent's deadline with an error that says why
@@ -35,8 +39,10 @@ impl<F: Fabric + Send + 'static> RingCommunicator<F> {
     /// collective on this group: every rank calls it at the same point of its program.
     pub fn try_split(&self, color: i32, key: i32) -> Result<Arc<dyn Communicator>, Error> {
         let conns = self.topology().conns();
+        // The parent's wire: if the parent agreed on the nuvec wire, every rank is this crate.
+        let wire = self.wire();
         self.split_with(color, key, |fabric| {
-            RingCommunicator::new(fabric, conns, self.timeout()).with_wire(self.wire())
+            RingCommunicator::new(fabric, conns, self.timeout()).with_wire(wire)
         })
     }
 }

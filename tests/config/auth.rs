@@ -86,7 +86,7 @@ fn a_stray_client_during_setup_is_rejected_and_does_not_block_the_group() {
             if let Ok(mut s) = TcpStream::connect(&nodes[1][0]) {
                 let opener = Opener::new(&wrong, 0, 1, 0);
                 let _ = s.write_all(opener.hello());
-                let mut reply = [0u8; 2 * auth::NONCE];
+                let mut reply = [0u8; auth::REPLY];
                 if s.read_exact(&mut reply).is_ok() {
                     assert!(
                         opener.finish(&reply).is_err(),
@@ -119,7 +119,7 @@ fn a_replayed_handshake_is_rejected() {
         |nodes| {
             if let Ok(mut s) = TcpStream::connect(&nodes[1][0]) {
                 let _ = s.write_all(recorded.hello());
-                let mut reply = [0u8; 2 * auth::NONCE];
+                let mut reply = [0u8; auth::REPLY];
                 if s.read_exact(&mut reply).is_ok() {
                     assert_ne!(reply, old_reply, "the acceptor's nonce must be fresh");
                     let _ = s.write_all(&old_proof);

@@ -19,13 +19,15 @@ use std::time::Duration;
 
 use nuvec_core::DType;
 use nuvec_distributed::reduce::Reduction;
-use nuvec_distributed::{Options, connect_ring, hostfile};
+use nuvec_distributed::{Options, Wire, connect_ring, hostfile};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 const RANK_TEST: &str = concat!(module_path!(), "::a_rust_rank_runs_the_plan_it_is_given");
 const PLAN_VAR: &str = "NUVEC_INTEROP_PLAN";
 const OUT_VAR: &str = "NUVEC_INTEROP_OUT";
+/// Set for the Rust ranks of a job with a Python MLX rank: the wire they must agree on.
+const WIRE_VAR: &str = "NUVEC_INTEROP_WIRE";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -87,6 +89,14 @@ fn a_rust_rank_runs_the_plan_it_is_given() {
     let options = Options::default().timeout(Duration::from_secs(60));
     let group = connect_ring(&nodes, rank, &options).expect("connect");
     let comm = group.communicator().expect("a ring of more than one rank");
+    if std::env::var(WIRE_VAR).as_deref() == Ok("mlx") {
+        // A job with a Python MLX rank: its probes were refused, so MLX's wire.
+        assert_eq!(
+            comm.wire(),
+            Wire::Mlx,
+            "rank {rank} of a job with an MLX rank"
+        );
+    }
     let size = group.size();
     let out_path = std::env::var(OUT_VAR)
         .expect("out path")
@@ -180,6 +190,9 @@ fn run_job(
             } else {
                 let mut c = procs::this_test(RANK_TEST);
                 c.env(PLAN_VAR, plan).env(OUT_VAR, &out);
+                if mlx.contains(&true) {
+                    c.env(WIRE_VAR, "mlx");
+                }
                 c
             };
             cmd.env("MLX_HOSTFILE", &hostfile)

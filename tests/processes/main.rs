@@ -13,6 +13,7 @@
 //! - [`examples`]: the examples as the README runs them;
 //! - [`threads`]: the ring with its ranks as threads; [`mismatch`]: the nuvec wire's check of
 //!   every call over TCP and local links;
+//! - [`wire`]: the nuvec wire's negotiation (probe, handshake, agreement), ranks as threads;
 //! - [`split`], [`split_ring`], [`split_jaccl`]: `Group::split` across processes, and over
 //!   loopback with the ranks as threads.
 //!
@@ -35,3 +36,4 @@ mod split;
 mod split_jaccl;
 mod split_ring;
 mod threads;
+mod wire;

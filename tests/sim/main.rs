@@ -9,6 +9,8 @@
 //! - [`campaign`]: a bounded fault campaign; [`failure_semantics`]: one failure model;
 //! - [`split`]: `Group::split` over the ring and JACCL in the simulator;
 //! - [`wire`]: the nuvec wire (results, hops, mismatched calls), property-tested;
+//! - [`wire_agreement`]: the ranks' agreement on a wire, for every set of connections that
+//!   are not native;
 //! - [`smoke`]: a first run; [`pattern_golden`]: the interop pattern against its golden file.
 
 #[path = "../common/mod.rs"]
@@ -23,3 +25,4 @@ mod ring;
 mod smoke;
 mod split;
 mod wire;
+mod wire_agreement;

@@ -16,8 +16,9 @@ const FALLBACK_SECRET: &[u8] = b"the fuzz ring's pre-shared secret";
 /// Properties: `Acceptor` refuses a hello without the magic (`NotAuthenticating`), of another
 /// version (`Version`), or from another rank, to another rank or on another link
 /// (`WrongRank`, echoing the claimed and expected values), and accepts every other hello,
-/// replying its nonce and a proof the honest `Opener` of that hello (which rebuilds the same 57
-/// bytes) accepts; the opener's proof is accepted by the acceptor; a fuzzed proof is accepted
+/// replying its nonce, its wire byte and a proof the honest `Opener` of that hello (which
+/// rebuilds the same 54 bytes) accepts; a hello whose wire byte is neither 0 nor 1 is refused
+/// (`Wire`); the opener's proof is accepted by the acceptor; a fuzzed proof is accepted
 /// exactly when it equals the correct one, and a correct one with any single bit flipped is
 /// refused (`BadProof`); a fuzzed reply is accepted by the opener exactly when it equals the
 /// honest reply for its nonce; a proof for another nonce (a replay) or made with another key
@@ -46,6 +47,7 @@ pub(crate) fn auth_handshake(data: &[u8]) {
     if mode % 4 != 0 {
         hello[..8].copy_from_slice(auth::MAGIC);
         hello[8] = auth::VERSION;
+        hello[auth::HELLO - 1] &= 1;
     }
     let word = |at: usize| u32::from_le_bytes(hello[at..at + 4].try_into().unwrap());
     let (claimed, target, link) = (word(9), word(13), word(17));
@@ -68,6 +70,8 @@ pub(crate) fn auth_handshake(data: &[u8]) {
         Err(AuthError::NotAuthenticating)
     } else if hello[8] != auth::VERSION {
         Err(AuthError::Version(hello[8]))
+    } else if hello[auth::HELLO - 1] > 1 {
+        Err(AuthError::Wire(hello[auth::HELLO - 1]))
     } else if (claimed, target, link) != (expected, me, want_link) {
         Err(AuthError::WrongRank {
             claimed,
@@ -99,8 +103,9 @@ pub(crate) fn auth_handshake(data: &[u8]) {
     );
 
     // The honest opener of this hello.
-    let hello_nonce: [u8; auth::NONCE] = hello[21..].try_into().unwrap();
-    let opener = Opener::with_nonce(&key, claimed, target, link, hello_nonce);
+    let hello_nonce: [u8; auth::NONCE] = hello[21..21 + auth::NONCE].try_into().unwrap();
+    let opener = Opener::with_nonce(&key, claimed, target, link, hello_nonce)
+        .speaking(hello[auth::HELLO - 1] == 1);
     assert_eq!(opener.hello(), &hello, "the opener rebuilds the hello");
     let proof = opener
         .finish(&reply)
@@ -124,7 +129,7 @@ pub(crate) fn auth_handshake(data: &[u8]) {
     assert_eq!(acceptor.finish(&flipped), Err(AuthError::BadProof));
 
     // Forged replies: checked against the honest reply for the forged nonce.
-    let forged_reply: [u8; 2 * auth::NONCE] = s.array();
+    let forged_reply: [u8; auth::REPLY] = s.array();
     let other_nonce: [u8; auth::NONCE] = forged_reply[..auth::NONCE].try_into().unwrap();
     let (other_acceptor, honest_other) =
         Acceptor::with_nonce(&key, me, expected, want_link, &hello, other_nonce)
@@ -140,7 +145,7 @@ pub(crate) fn auth_handshake(data: &[u8]) {
     }
     let mut flipped_reply = reply;
     let bit = usize::from(s.byte()) * 2 + usize::from(s.byte() & 1);
-    flipped_reply[bit / 8 % (2 * auth::NONCE)] ^= 1 << (bit % 8);
+    flipped_reply[bit / 8 % auth::REPLY] ^= 1 << (bit % 8);
     assert_eq!(opener.finish(&flipped_reply), Err(AuthError::BadProof));
 
     // A replay: the proof made for one nonce, shown to an acceptor that chose another.
@@ -162,6 +167,7 @@ pub(crate) fn auth_handshake(data: &[u8]) {
             .expect("the hello does not depend on the key");
     assert_eq!(opener.finish(&stranger_reply), Err(AuthError::BadProof));
     assert_eq!(stranger.finish(&proof), Err(AuthError::BadProof));
-    let impostor = Opener::with_nonce(&other_key, claimed, target, link, hello_nonce);
+    let impostor = Opener::with_nonce(&other_key, claimed, target, link, hello_nonce)
+        .speaking(hello[auth::HELLO - 1] == 1);
     assert_eq!(impostor.finish(&reply), Err(AuthError::BadProof));
 }

@@ -5,11 +5,18 @@
 //! a rank's place. With a key ([`Options::key`](crate::Options::key), or
 //! `NUVEC_DISTRIBUTED_KEY` for [`init`](crate::init)), every connection starts with:
 //!
-//! 1. opener → acceptor: `hello` = magic `nuvecPSK`, version 1, the opener's rank and the
-//!    rank it means to reach (u32 LE each), the link index (u32 LE) and a 32-byte nonce N₀;
-//! 2. acceptor → opener: a 32-byte nonce N₁ and
-//!    `HMAC(K, "acceptor" ‖ hello ‖ N₁)`;
-//! 3. opener → acceptor: `HMAC(K, "opener" ‖ hello ‖ N₁)`.
+//! 1. opener → acceptor: `hello` = magic `nuvecPSK`, version 2, the opener's rank and the
+//!    rank it means to reach (u32 LE each), the link index (u32 LE), a 32-byte nonce N₀ and
+//!    the opener's wire byte W₀ (54 bytes);
+//! 2. acceptor → opener: a 32-byte nonce N₁, the acceptor's wire byte W₁ and
+//!    `HMAC(K, "acceptor" ‖ hello ‖ N₁ ‖ W₁)` (65 bytes);
+//! 3. opener → acceptor: `HMAC(K, "opener" ‖ hello ‖ N₁ ‖ W₁)`.
+//!
+//! A wire byte is 1 when its side may speak the nuvec wire, 0 when it was asked for MLX's
+//! (`NUVEC_DISTRIBUTED_WIRE=mlx`): both ends of a keyed connection are ranks of this crate, so
+//! the handshake, not the probe (`probe`), says whether the connection is native (both bytes
+//! 1), and the MACs cover both bytes. Version 1 (nuvec-distributed 0.5) had neither byte; the
+//! two versions refuse each other's hello, naming the version.
 //!
 //! K is SHA-256 of a domain tag and the secret. Each side checks the other's proof over both
 //! nonces, so a recorded handshake replays nowhere (the other side's nonce is fresh), a
@@ -26,30 +33,51 @@ use sha2::Sha256;
 /// The first bytes an authenticating opener sends.
 pub const MAGIC: &[u8; 8] = b"nuvecPSK";
 /// The protocol version.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// The length of a nonce and of a proof.
 pub const NONCE: usize = 32;
 /// The length of the opener's hello.
-pub const HELLO: usize = 8 + 1 + 4 + 4 + 4 + NONCE;
+pub const HELLO: usize = 8 + 1 + 4 + 4 + 4 + NONCE + 1;
+/// The length of the acceptor's reply: its nonce, its wire byte and its proof.
+pub const REPLY: usize = NONCE + 1 + NONCE;
 pub use crate::config::key::{Key, MIN_SECRET};
 
 type HmacSha256 = Hmac<Sha256>;
 
 impl Key {
-    fn proof(&self, role: &[u8], hello: &[u8; HELLO], nonce: &[u8; NONCE]) -> [u8; NONCE] {
+    fn mac(&self, role: &[u8], hello: &[u8; HELLO], nonce: &[u8; NONCE], wire: u8) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
         mac.update(role);
         mac.update(hello);
         mac.update(nonce);
-        mac.finalize().into_bytes().into()
+        mac.update(&[wire]);
+        mac
     }
 
-    fn check(&self, role: &[u8], hello: &[u8; HELLO], nonce: &[u8; NONCE], proof: &[u8]) -> bool {
-        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
-        mac.update(role);
-        mac.update(hello);
-        mac.update(nonce);
-        mac.verify_slice(proof).is_ok()
+    fn proof(
+        &self,
+        role: &[u8],
+        hello: &[u8; HELLO],
+        nonce: &[u8; NONCE],
+        wire: u8,
+    ) -> [u8; NONCE] {
+        self.mac(role, hello, nonce, wire)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    fn check(
+        &self,
+        role: &[u8],
+        hello: &[u8; HELLO],
+        nonce: &[u8; NONCE],
+        wire: u8,
+        proof: &[u8],
+    ) -> bool {
+        self.mac(role, hello, nonce, wire)
+            .verify_slice(proof)
+            .is_ok()
     }
 }
 
@@ -80,6 +108,9 @@ pub enum AuthError {
         /// The link expected.
         want_link: u32,
     },
+    /// The peer's hello has a wire byte that is neither 0 nor 1.
+    #[error("the peer's hello names wire {0}, neither 0 (MLX's) nor 1 (the nuvec wire)")]
+    Wire(u8),
     /// The peer's proof is wrong: it does not hold the key (or replays an old handshake).
     #[error("the peer's proof is wrong: it does not hold the same key")]
     BadProof,
@@ -113,11 +144,19 @@ impl Opener {
         hello[9..13].copy_from_slice(&rank.to_le_bytes());
         hello[13..17].copy_from_slice(&target.to_le_bytes());
         hello[17..21].copy_from_slice(&link.to_le_bytes());
-        hello[21..].copy_from_slice(&nonce);
+        hello[21..21 + NONCE].copy_from_slice(&nonce);
+        hello[HELLO - 1] = 1;
         Self {
             key: key.clone(),
             hello,
         }
+    }
+
+    /// Says in the hello whether this side may speak the nuvec wire (the default) or was asked
+    /// for MLX's.
+    pub fn speaking(mut self, nuvec: bool) -> Self {
+        self.hello[HELLO - 1] = u8::from(nuvec);
+        self
     }
 
     /// The first message.
@@ -125,17 +164,24 @@ impl Opener {
         &self.hello
     }
 
-    /// Checks the acceptor's reply (its nonce and proof, `2 × NONCE` bytes) and returns the
-    /// opener's proof to send.
-    pub fn finish(&self, reply: &[u8; 2 * NONCE]) -> Result<[u8; NONCE], AuthError> {
+    /// Checks the acceptor's reply (its nonce, wire byte and proof, [`REPLY`] bytes) and
+    /// returns the opener's proof to send.
+    pub fn finish(&self, reply: &[u8; REPLY]) -> Result<[u8; NONCE], AuthError> {
         let nonce: [u8; NONCE] = reply[..NONCE].try_into().expect("a nonce");
+        let wire = reply[NONCE];
         if !self
             .key
-            .check(b"acceptor", &self.hello, &nonce, &reply[NONCE..])
+            .check(b"acceptor", &self.hello, &nonce, wire, &reply[NONCE + 1..])
         {
             return Err(AuthError::BadProof);
         }
-        Ok(self.key.proof(b"opener", &self.hello, &nonce))
+        Ok(self.key.proof(b"opener", &self.hello, &nonce, wire))
+    }
+
+    /// Whether the acceptor of `reply` may speak the nuvec wire: its wire byte is 1. Only
+    /// worth asking once [`finish`](Opener::finish) accepted the reply (the MAC covers it).
+    pub fn acceptor_speaks_nuvec(reply: &[u8; REPLY]) -> bool {
+        reply[NONCE] == 1
     }
 }
 
@@ -145,19 +191,35 @@ pub struct Acceptor {
     key: Key,
     hello: [u8; HELLO],
     nonce: [u8; NONCE],
+    /// This side's wire byte, as sent in the reply.
+    wire: u8,
 }
 
 impl Acceptor {
     /// Checks `hello` from a connection that should come from `expected` to this rank `me` on
-    /// `link`; returns the acceptor state and the reply to send.
+    /// `link`; returns the acceptor state and the reply to send, saying this side may speak
+    /// the nuvec wire.
     pub fn new(
         key: &Key,
         me: u32,
         expected: u32,
         link: u32,
         hello: &[u8; HELLO],
-    ) -> Result<(Self, [u8; 2 * NONCE]), AuthError> {
-        Self::with_nonce(key, me, expected, link, hello, nonce())
+    ) -> Result<(Self, [u8; REPLY]), AuthError> {
+        Self::speaking(key, me, expected, link, hello, true)
+    }
+
+    /// As [`Acceptor::new`], saying whether this side may speak the nuvec wire (`nuvec`) or
+    /// was asked for MLX's.
+    pub fn speaking(
+        key: &Key,
+        me: u32,
+        expected: u32,
+        link: u32,
+        hello: &[u8; HELLO],
+        nuvec: bool,
+    ) -> Result<(Self, [u8; REPLY]), AuthError> {
+        Self::answer(key, [me, expected, link], hello, nonce(), nuvec)
     }
 
     /// As [`Acceptor::new`] with a given nonce (for tests).
@@ -168,12 +230,25 @@ impl Acceptor {
         link: u32,
         hello: &[u8; HELLO],
         nonce: [u8; NONCE],
-    ) -> Result<(Self, [u8; 2 * NONCE]), AuthError> {
+    ) -> Result<(Self, [u8; REPLY]), AuthError> {
+        Self::answer(key, [me, expected, link], hello, nonce, true)
+    }
+
+    fn answer(
+        key: &Key,
+        [me, expected, link]: [u32; 3],
+        hello: &[u8; HELLO],
+        nonce: [u8; NONCE],
+        nuvec: bool,
+    ) -> Result<(Self, [u8; REPLY]), AuthError> {
         if &hello[..8] != MAGIC {
             return Err(AuthError::NotAuthenticating);
         }
         if hello[8] != VERSION {
             return Err(AuthError::Version(hello[8]));
+        }
+        if hello[HELLO - 1] > 1 {
+            return Err(AuthError::Wire(hello[HELLO - 1]));
         }
         let word = |at: usize| u32::from_le_bytes(hello[at..at + 4].try_into().expect("4 bytes"));
         let (claimed, target, their_link) = (word(9), word(13), word(17));
@@ -187,14 +262,17 @@ impl Acceptor {
                 want_link: link,
             });
         }
-        let mut reply = [0u8; 2 * NONCE];
+        let wire = u8::from(nuvec);
+        let mut reply = [0u8; REPLY];
         reply[..NONCE].copy_from_slice(&nonce);
-        reply[NONCE..].copy_from_slice(&key.proof(b"acceptor", hello, &nonce));
+        reply[NONCE] = wire;
+        reply[NONCE + 1..].copy_from_slice(&key.proof(b"acceptor", hello, &nonce, wire));
         Ok((
             Self {
                 key: key.clone(),
                 hello: *hello,
                 nonce,
+                wire,
             },
             reply,
         ))
@@ -202,11 +280,20 @@ impl Acceptor {
 
     /// Checks the opener's proof.
     pub fn finish(&self, proof: &[u8; NONCE]) -> Result<(), AuthError> {
-        if self.key.check(b"opener", &self.hello, &self.nonce, proof) {
+        if self
+            .key
+            .check(b"opener", &self.hello, &self.nonce, self.wire, proof)
+        {
             Ok(())
         } else {
             Err(AuthError::BadProof)
         }
+    }
+
+    /// Whether the opener may speak the nuvec wire: its hello's wire byte is 1. Only worth
+    /// asking once [`finish`](Acceptor::finish) accepted its proof (the MAC covers the hello).
+    pub fn opener_speaks_nuvec(&self) -> bool {
+        self.hello[HELLO - 1] == 1
     }
 }
 
@@ -266,6 +353,35 @@ mod tests {
             Acceptor::new(&k, 1, 0, 0, opener.hello()),
             Err(AuthError::WrongRank { link: 1, .. })
         ));
+    }
+
+    #[test]
+    fn each_side_learns_the_others_wire_and_a_flipped_wire_byte_fails_the_proof() {
+        let k = key("a shared secret of the ring");
+        for (opener_nuvec, acceptor_nuvec) in [(true, true), (true, false), (false, true)] {
+            let opener = Opener::new(&k, 0, 1, 0).speaking(opener_nuvec);
+            let (acceptor, reply) =
+                Acceptor::speaking(&k, 1, 0, 0, opener.hello(), acceptor_nuvec).expect("hello");
+            let proof = opener.finish(&reply).expect("acceptor proof");
+            acceptor.finish(&proof).expect("opener proof");
+            assert_eq!(Opener::acceptor_speaks_nuvec(&reply), acceptor_nuvec);
+            assert_eq!(acceptor.opener_speaks_nuvec(), opener_nuvec);
+            let mut flipped = reply;
+            flipped[NONCE] ^= 1;
+            assert_eq!(opener.finish(&flipped), Err(AuthError::BadProof));
+        }
+        let mut hello = *Opener::new(&k, 0, 1, 0).hello();
+        hello[HELLO - 1] = 2;
+        assert_eq!(
+            Acceptor::new(&k, 1, 0, 0, &hello).map(|_| ()),
+            Err(AuthError::Wire(2))
+        );
+        let mut old = hello;
+        old[8] = 1;
+        assert_eq!(
+            Acceptor::new(&k, 1, 0, 0, &old).map(|_| ()),
+            Err(AuthError::Version(1))
+        );
     }
 
     #[test]

@@ -8,24 +8,34 @@
 //! by the time the setup gives it; an acceptor runs every accepted connection's half without
 //! blocking, beside the others, and the setup drops the ones that fail or run out of time.
 //!
-//! About 700 lines because it is every socket call of setup in one place (listeners, connects,
+//! Which connections are *native* (both ends are ranks of this crate that may speak the nuvec
+//! wire) is found out here too, for the ring's agreement on a wire (`ring::agree`): without a
+//! key by the probe ([`super::probe`], a UDP datagram beside the TCP port before each
+//! connect, answered while this driver waits for anything), with a key by the handshake,
+//! whose hello and reply carry each side's choice. A sub-group's ring (`split`) does neither:
+//! it inherits its parent's wire.
+//!
+//! About 1000 lines because it is every socket call of setup in one place (listeners, connects,
 //! both halves of the handshake's I/O, the socket options every link gets), so that the state
-//! machine in `setup.rs` holds no I/O at all.
+//! machine in `setup.rs` holds no I/O at all; the probes' socket calls are the driver's too,
+//! in `connect/probing.rs`.
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use mio::net::TcpListener;
+use mio::net::{TcpListener, UdpSocket};
 use mio::{Events, Interest, Poll, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 
 use crate::config::hostfile;
 use crate::config::log::Log;
+use crate::config::options::WireChoice;
 use crate::error::Error;
 use crate::limits;
 use crate::transport::tcp::auth::{self, Acceptor, Key, Opener};
-use crate::transport::tcp::local::{self, LocalLink, Offers, Proposal};
+use crate::transport::tcp::local::{LocalLink, Offers, Proposal};
+use crate::transport::tcp::probe::{Answerer, NotNative};
 use crate::transport::tcp::setup::{Action, Conn, Event, Failure, Note, Setup};
 
 /// The sockets of one rank of a ring: `right[c]` was opened by this rank to its right
@@ -34,7 +44,28 @@ use crate::transport::tcp::setup::{Action, Conn, Event, Failure, Note, Setup};
 pub(crate) struct RingSockets {
     pub(crate) right: Vec<(TcpStream, Option<LocalLink>)>,
     pub(crate) left: Vec<(TcpStream, Option<LocalLink>)>,
+    /// Whether each connection of `right` is native (else why not).
+    pub(crate) right_native: Vec<Result<(), NotNative>>,
+    /// Whether each connection of `left` is native (else why not).
+    pub(crate) left_native: Vec<Result<(), NotNative>>,
 }
+
+/// How a ring formed from a hostfile finds out which connections are native: the wire this
+/// rank may speak, the job's identity, and (without a key, unless asked for MLX's wire) the
+/// UDP socket bound beside each listener, `None` where it could not be bound.
+pub(crate) struct Negotiation {
+    pub(crate) choice: WireChoice,
+    pub(crate) job: u64,
+    pub(crate) udp: Vec<Option<UdpSocket>>,
+}
+
+/// The first poll token of the UDP sockets beside the listeners (far above the listeners'
+/// and the accepted connections' tokens).
+const UDP_TOKEN: usize = usize::MAX / 2;
+/// The poll token of the socket an opener probes from.
+const PROBE_TOKEN: usize = usize::MAX / 2 - 1;
+/// The most datagrams answered in one go, so that a flood cannot hold up setup.
+const MAX_DATAGRAMS: usize = 64;
 
 /// Connects rank `rank` of the ring over `nodes` (per rank its addresses) within `timeout`.
 pub(crate) fn connect_ring(
@@ -43,19 +74,57 @@ pub(crate) fn connect_ring(
     timeout: Duration,
     key: Option<&Key>,
     local: bool,
+    wire: WireChoice,
     log: &Log,
 ) -> Result<RingSockets, Error> {
     let fail = |what: String| Error::Connect { rank, what };
-    // Bind every listener first, so that a left neighbour that connects early finds us.
+    // Probes are answered by ranks that may speak the nuvec wire, in jobs without a key (a
+    // key's handshake carries the choice instead).
+    let probing = wire != WireChoice::Mlx && key.is_none();
+    // Bind every listener first, so that a left neighbour that connects early finds us; each
+    // UDP socket before its listener, so that a listener that accepts has one that answers.
     let mut listeners = Vec::with_capacity(nodes[rank].len());
+    let mut udp = Vec::with_capacity(nodes[rank].len());
     for address in &nodes[rank] {
-        listeners.push((address.clone(), listen(address).map_err(&fail)?.1));
+        let (_, listener, socket) = listen(address, probing).map_err(&fail)?;
+        listeners.push((address.clone(), listener));
+        udp.push(match socket {
+            Some(Ok(socket)) => Some(socket),
+            Some(Err(e)) => {
+                log.warn(format_args!(
+                    "cannot bind UDP on {address} to answer the nuvec wire's probe ({e}): its \
+                     connection will speak MLX's wire"
+                ));
+                None
+            }
+            None => None,
+        });
     }
-    connect_ring_on(nodes, rank, listeners, timeout, key, local, log)
+    let negotiation = Negotiation {
+        choice: wire,
+        job: crate::transport::tcp::probe::job_identity(nodes),
+        udp,
+    };
+    connect_ring_on(
+        nodes,
+        rank,
+        listeners,
+        timeout,
+        key,
+        local,
+        Some(negotiation),
+        log,
+    )
 }
 
 /// [`connect_ring`] over `listeners`, already bound on this rank's addresses `nodes[rank]`
-/// (a sub-group's ring binds ephemeral ports before it can tell its neighbours their numbers).
+/// (a sub-group's ring binds ephemeral ports before it can tell its neighbours their numbers),
+/// finding out which connections are native as `negotiation` says (`None`: none is, as in a
+/// sub-group's ring, which inherits its parent's wire).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the setup's inputs, each from a different source; bundling them would only move the list"
+)]
 pub(crate) fn connect_ring_on(
     nodes: &[Vec<String>],
     rank: usize,
@@ -63,6 +132,7 @@ pub(crate) fn connect_ring_on(
     timeout: Duration,
     key: Option<&Key>,
     local: bool,
+    negotiation: Option<Negotiation>,
     log: &Log,
 ) -> Result<RingSockets, Error> {
     let fail = |what: String| Error::Connect { rank, what };
@@ -76,7 +146,7 @@ pub(crate) fn connect_ring_on(
     let started = Instant::now();
     let setup = Setup::new(rank, nodes.len(), links, key.is_some(), started, timeout);
     let until = limits::deadline(started, timeout);
-    Driver::new(setup, nodes, key, log, offers)
+    Driver::new(setup, nodes, key, log, offers, negotiation)
         .and_then(|driver| driver.run(listeners, until))
         .map_err(fail)
 }
@@ -152,13 +222,18 @@ pub(super) fn retransmission_backoff_cap(
     (got == 0).then_some(ms)
 }
 
-/// A listening socket on `address` (MLX: `SO_REUSEADDR`, then bind and listen).
-fn listen(address: &str) -> Result<(SocketAddr, TcpListener), String> {
+/// A UDP socket bound beside a listener, or why it could not be (`None`: none was asked).
+type Beside = Option<io::Result<UdpSocket>>;
+
+/// A listening socket on `address` (MLX: `SO_REUSEADDR`, then bind and listen), with `udp`
+/// a UDP socket bound on the same address first.
+fn listen(address: &str, udp: bool) -> Result<(SocketAddr, TcpListener, Beside), String> {
     let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
     let mut last = None;
     for addr in addrs {
+        let beside = udp.then(|| probing::bind_udp(addr));
         match listen_at(addr) {
-            Ok(listener) => return Ok((addr, listener)),
+            Ok(listener) => return Ok((addr, listener, beside)),
             Err(e) => last = Some(format!("cannot listen on {address} ({addr}): {e}")),
         }
     }
@@ -176,27 +251,6 @@ pub(crate) fn listen_at(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(16)?;
     socket.set_nonblocking(true)?;
     Ok(TcpListener::from_std(socket.into()))
-}
-
-/// A connection to `addr` within `within`; with `local`, a local link proposed for it first
-/// (which needs the connection's port before it connects: see `local`'s rendezvous).
-fn connect_to(
-    addr: &SocketAddr,
-    within: Duration,
-    local: bool,
-) -> io::Result<(TcpStream, Option<Proposal>)> {
-    if !local || !cfg!(target_os = "linux") {
-        return Ok((TcpStream::connect_timeout(addr, within)?, None));
-    }
-    let socket = Socket::new(
-        Domain::for_address(*addr),
-        Type::STREAM,
-        Some(Protocol::TCP),
-    )?;
-    let port = bind_like_connect(&socket, addr);
-    let proposal = port.and_then(|port| local::propose(*addr, port));
-    socket.connect_timeout(&SockAddr::from(*addr), within)?;
-    Ok((socket.into(), proposal))
 }
 
 /// Binds `socket`, about to connect to `to`, to a port of its own choosing, the way `connect`
@@ -307,24 +361,28 @@ struct Refused {
     retry: bool,
 }
 
-/// The opener's half of the handshake on a new connection, all of it before `until`.
+/// The opener's half of the handshake on a new connection, all of it before `until`, saying
+/// whether this side may speak the nuvec wire (`nuvec`); whether the acceptor may.
 fn authenticate_acceptor(
     stream: &TcpStream,
     who: Who,
     link: usize,
     key: &Key,
+    nuvec: bool,
     until: Instant,
-) -> Result<(), Refused> {
+) -> Result<bool, Refused> {
     let exchange = || {
         stream.set_nonblocking(false)?;
-        let opener = Opener::new(key, who.rank as u32, who.peer as u32, link as u32);
+        let opener =
+            Opener::new(key, who.rank as u32, who.peer as u32, link as u32).speaking(nuvec);
         write_until(stream, opener.hello(), until)?;
-        let mut reply = [0u8; 2 * auth::NONCE];
+        let mut reply = [0u8; auth::REPLY];
         read_until(stream, &mut reply, until)?;
         let proof = opener.finish(&reply).map_err(io::Error::other)?;
         write_until(stream, &proof, until)?;
         stream.set_read_timeout(None)?;
-        stream.set_write_timeout(None)
+        stream.set_write_timeout(None)?;
+        Ok(Opener::acceptor_speaks_nuvec(&reply))
     };
     exchange().map_err(|e: io::Error| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Refused {
@@ -358,6 +416,8 @@ struct Arrival {
     link: usize,
     /// Its handshake, once the setup asked for one.
     handshake: Option<Handshake>,
+    /// Whether its opener said, in its handshake, that it may speak the nuvec wire.
+    opener_nuvec: Option<bool>,
 }
 
 /// The acceptor's half of the handshake on one connection, run without blocking: the bytes
@@ -366,7 +426,7 @@ struct Handshake {
     hello: [u8; auth::HELLO],
     got: usize,
     /// Made once the hello is in, with the reply to send.
-    acceptor: Option<(Acceptor, [u8; 2 * auth::NONCE])>,
+    acceptor: Option<(Acceptor, [u8; auth::REPLY])>,
     sent: usize,
     proof: [u8; auth::NONCE],
     proved: usize,
@@ -376,8 +436,8 @@ struct Handshake {
 enum Stage {
     /// It waits for the peer.
     Pending,
-    /// The peer proved it holds the key.
-    Done,
+    /// The peer proved it holds the key, and said whether it may speak the nuvec wire.
+    Done(bool),
     /// The peer failed (why).
     Failed(String),
 }
@@ -394,13 +454,15 @@ impl Handshake {
         }
     }
 
-    /// Moves the handshake of `stream`, accepted on `link`, as far as the socket allows now.
+    /// Moves the handshake of `stream`, accepted on `link`, as far as the socket allows now,
+    /// saying whether this side may speak the nuvec wire (`nuvec`).
     fn advance(
         &mut self,
         stream: &mut mio::net::TcpStream,
         link: usize,
         key: &Key,
         who: Who,
+        nuvec: bool,
     ) -> Stage {
         let Handshake {
             hello,
@@ -420,12 +482,13 @@ impl Handshake {
                     limits::read(&mut *stream, &mut proof[*proved..]).map(|n| (n, &mut *proved))
                 } else {
                     return match acceptor.finish(proof) {
-                        Ok(()) => Stage::Done,
+                        Ok(()) => Stage::Done(acceptor.opener_speaks_nuvec()),
                         Err(e) => Stage::Failed(e.to_string()),
                     };
                 }
             } else {
-                match Acceptor::new(key, who.rank as u32, who.peer as u32, link as u32, hello) {
+                let (me, peer) = (who.rank as u32, who.peer as u32);
+                match Acceptor::speaking(key, me, peer, link as u32, hello, nuvec) {
                     Ok(made) => *acceptor = Some(made),
                     Err(e) => return Stage::Failed(e.to_string()),
                 }
@@ -444,6 +507,8 @@ impl Handshake {
     }
 }
 
+mod probing;
+
 /// The sockets of one setup, driven by its [`Setup`].
 struct Driver<'a> {
     setup: Setup,
@@ -453,17 +518,33 @@ struct Driver<'a> {
     poll: Poll,
     /// The right neighbour's addresses of each link, resolved when first opened.
     resolved: Vec<Option<Vec<SocketAddr>>>,
-    /// The connection being opened (connected, maybe authenticating), and the local link
-    /// proposed for it.
-    opening: Option<(TcpStream, Option<Proposal>)>,
-    opened: Vec<(TcpStream, Option<Proposal>)>,
+    /// The connection being opened (connected, maybe authenticating), the local link
+    /// proposed for it, and whether it is native.
+    opening: Option<Opened>,
+    opened: Vec<Opened>,
     /// Local links this rank's listeners offer (`None`: local links are off).
     offers: Option<Offers>,
     arrivals: Vec<Arrival>,
-    /// The connection kept on each link, and its local link if its opener proposed one.
-    accepted: Vec<Option<(TcpStream, Option<LocalLink>)>>,
+    /// The connection kept on each link, its local link if its opener proposed one, and
+    /// whether it is native.
+    accepted: Vec<Option<Accepted>>,
     next_conn: u64,
+    /// The wire this rank may speak (`None`: it does not negotiate, as a sub-group's ring).
+    choice: Option<WireChoice>,
+    /// The job's identity, named in probes.
+    job: u64,
+    /// The UDP socket beside each listener, where probes are answered.
+    udp: Vec<Option<UdpSocket>>,
+    /// The acceptor's half of the probes (`None`: this rank neither probes nor answers).
+    answerer: Option<Answerer>,
+    /// How many probes this rank made, and the time they took (what probing adds to setup).
+    probed: (u32, Duration),
 }
+
+/// An opened connection: its stream, the local link proposed for it, whether it is native.
+type Opened = (TcpStream, Option<Proposal>, Result<(), NotNative>);
+/// An accepted connection: its stream, its local link, whether it is native.
+type Accepted = (TcpStream, Option<LocalLink>, Result<(), NotNative>);
 
 impl<'a> Driver<'a> {
     fn new(
@@ -472,8 +553,16 @@ impl<'a> Driver<'a> {
         key: Option<&'a Key>,
         log: &'a Log,
         offers: Option<Offers>,
+        negotiation: Option<Negotiation>,
     ) -> Result<Self, String> {
         let links = nodes[setup.rank()].len();
+        let (choice, job, udp) = match negotiation {
+            Some(n) => (Some(n.choice), n.job, n.udp),
+            None => (None, 0, Vec::new()),
+        };
+        // Probes are for jobs without a key, between ranks that may speak the nuvec wire.
+        let probes = key.is_none() && choice.is_some_and(|c| c != WireChoice::Mlx);
+        let answerer = probes.then(|| Answerer::new(job, setup.left(), links));
         Ok(Driver {
             setup,
             nodes,
@@ -487,6 +576,11 @@ impl<'a> Driver<'a> {
             arrivals: Vec::new(),
             accepted: (0..links).map(|_| None).collect(),
             next_conn: 0,
+            choice,
+            job,
+            udp,
+            answerer,
+            probed: (0, Duration::ZERO),
         })
     }
 
@@ -522,6 +616,14 @@ impl<'a> Driver<'a> {
                 .register(listener, Token(c), Interest::READABLE)
                 .map_err(|e| format!("cannot poll {address}: {e}"))?;
         }
+        for (c, socket) in self.udp.iter_mut().enumerate() {
+            if let Some(socket) = socket {
+                self.poll
+                    .registry()
+                    .register(socket, Token(UDP_TOKEN + c), Interest::READABLE)
+                    .map_err(|e| format!("cannot poll the UDP socket of connection {c}: {e}"))?;
+            }
+        }
         let mut events = Events::with_capacity(16);
         loop {
             let now = Instant::now();
@@ -535,6 +637,7 @@ impl<'a> Driver<'a> {
                 Action::AuthenticateAccepted { conn, .. } => self.authenticate_accepted(conn)?,
                 Action::Keep { conn, link } => {
                     if let Some(arrival) = self.take_arrival(conn) {
+                        let native = self.accepted_native(link, &arrival);
                         // Answered now, not after the setup: the opener's wait for the answer
                         // must not depend on this rank's other connections. Its hello was
                         // queued before it connected, so it is there already.
@@ -542,7 +645,8 @@ impl<'a> Driver<'a> {
                             .offers
                             .as_mut()
                             .and_then(|offers| offers.answer(link, arrival.peer));
-                        self.accepted[link] = Some((TcpStream::from(arrival.stream), local));
+                        self.accepted[link] =
+                            Some((TcpStream::from(arrival.stream), local, native));
                     }
                 }
                 Action::Drop { conn, link, why } => {
@@ -555,7 +659,10 @@ impl<'a> Driver<'a> {
                     }
                 }
                 Action::Wait { until } => {
-                    if !self.accept(&mut listeners)? && !self.advance_handshakes() {
+                    // Probes first: a connection whose probe was answered must find its
+                    // answer recorded (it was, before the opener could connect).
+                    let probed = self.answer_probes();
+                    if !self.accept(&mut listeners)? && !self.advance_handshakes() && !probed {
                         let missing = self.setup.connections().1.iter().position(Option::is_none);
                         let wait = until.saturating_duration_since(Instant::now());
                         match self.poll.poll(&mut events, Some(wait)) {
@@ -569,30 +676,35 @@ impl<'a> Driver<'a> {
                     }
                 }
                 // A back-off between connection attempts: the peer may not be listening yet.
-                Action::Sleep { until } => {
-                    std::thread::sleep(until.saturating_duration_since(Instant::now()));
-                }
+                // Probes are answered meanwhile (the left neighbour may be probing).
+                Action::Sleep { until } => self.idle_until(until),
                 Action::Done => break,
                 Action::Failed(failure) => return Err(self.describe(&failure)),
             }
         }
         self.arrivals.clear();
         let mut left = Vec::with_capacity(self.accepted.len());
+        let mut left_native = Vec::with_capacity(self.accepted.len());
         for (link, kept) in std::mem::take(&mut self.accepted).into_iter().enumerate() {
             let address = self.own(link);
-            let Some((stream, local)) = kept else {
+            let Some((stream, local, native)) = kept else {
                 return Err(format!("no connection on {address}"));
             };
             stream
                 .set_nonblocking(false)
                 .map_err(|e| format!("accepted socket on {address}: {e}"))?;
             left.push((stream, local));
+            left_native.push(native);
         }
         // Every acceptor answered the proposal of a connection when it kept it, so this wait
         // is for a rank that has accepted this rank's connection already.
         let right_rank = self.setup.right();
         let mut right = Vec::with_capacity(self.opened.len());
-        for (link, (stream, proposal)) in std::mem::take(&mut self.opened).into_iter().enumerate() {
+        let mut right_native = Vec::with_capacity(self.opened.len());
+        for (link, (stream, proposal, native)) in
+            std::mem::take(&mut self.opened).into_iter().enumerate()
+        {
+            right_native.push(native);
             let local = match proposal {
                 Some(p) => p.confirm(until).map_err(|e| {
                     format!(
@@ -617,7 +729,41 @@ impl<'a> Driver<'a> {
                 }
             }
         }
-        Ok(RingSockets { right, left })
+        if self.choice.is_some() {
+            let how = if self.key.is_some() {
+                "handshake"
+            } else {
+                "probe answered"
+            };
+            for (side, peer, row) in [
+                ("to", right_rank, &right_native),
+                ("from", self.setup.left(), &left_native),
+            ] {
+                for (link, native) in row.iter().enumerate() {
+                    match native {
+                        Ok(()) => self.log.info(format_args!(
+                            "connection {link} {side} rank {peer}: nuvec wire ({how})"
+                        )),
+                        Err(why) => self.log.info(format_args!(
+                            "connection {link} {side} rank {peer}: MLX's wire ({})",
+                            why.short()
+                        )),
+                    }
+                }
+            }
+        }
+        if self.probed.0 > 0 {
+            self.log.info(format_args!(
+                "{} probes of the nuvec wire took {:?} in all",
+                self.probed.0, self.probed.1
+            ));
+        }
+        Ok(RingSockets {
+            right,
+            left,
+            right_native,
+            left_native,
+        })
     }
 
     /// One attempt to open `link`, each of its resolved addresses in turn.
@@ -628,9 +774,9 @@ impl<'a> Driver<'a> {
         }
         let mut last = String::from("no address");
         let mut connected = None;
-        let local = self.offers.is_some();
-        for addr in self.resolved[link].iter().flatten() {
-            match connect_to(addr, within, local) {
+        let addrs = self.resolved[link].clone().unwrap_or_default();
+        for addr in &addrs {
+            match self.connect_to(link, addr, within) {
                 Ok(s) => {
                     connected = Some(s);
                     break;
@@ -651,10 +797,16 @@ impl<'a> Driver<'a> {
 
     fn authenticate_opened(&mut self, link: usize, until: Instant) {
         let who = self.who(self.setup.right());
-        let event = match (&self.opening, self.key) {
-            (Some((stream, _)), Some(key)) => {
-                match authenticate_acceptor(stream, who, link, key, until) {
-                    Ok(()) => Event::OpenerAuthenticated { link },
+        let nuvec = self.speaks_nuvec();
+        let event = match (&mut self.opening, self.key) {
+            (Some((stream, _, native)), Some(key)) => {
+                match authenticate_acceptor(stream, who, link, key, nuvec, until) {
+                    Ok(acceptor_nuvec) => {
+                        if native.is_ok() && !acceptor_nuvec {
+                            *native = Err(NotNative::AcceptorAskedMlx);
+                        }
+                        Event::OpenerAuthenticated { link }
+                    }
                     Err(Refused { why, retry }) => Event::OpenerRefused { link, why, retry },
                 }
             }
@@ -730,6 +882,7 @@ impl<'a> Driver<'a> {
                     peer,
                     link: c,
                     handshake: None,
+                    opener_nuvec: None,
                 });
                 self.setup
                     .handle(Instant::now(), Event::Arrived { link: c, conn });
@@ -747,14 +900,18 @@ impl<'a> Driver<'a> {
             return false;
         };
         let who = self.who(self.setup.left());
+        let nuvec = self.speaks_nuvec();
         let mut ended = Vec::new();
         for arrival in &mut self.arrivals {
             let Some(handshake) = &mut arrival.handshake else {
                 continue;
             };
-            match handshake.advance(&mut arrival.stream, arrival.link, key, who) {
+            match handshake.advance(&mut arrival.stream, arrival.link, key, who, nuvec) {
                 Stage::Pending => {}
-                Stage::Done => ended.push(Event::AcceptorAuthenticated { conn: arrival.conn }),
+                Stage::Done(opener_nuvec) => {
+                    arrival.opener_nuvec = Some(opener_nuvec);
+                    ended.push(Event::AcceptorAuthenticated { conn: arrival.conn });
+                }
                 Stage::Failed(why) => ended.push(Event::AcceptorFailed {
                     conn: arrival.conn,
                     why,

@@ -35,6 +35,13 @@
 //! versions and to other machines stay TCP, byte for byte MLX's;
 //! [`Options::local_links`](crate::Options::local_links) turns local links off.
 //!
+//! Setup also finds out which connections are *native*, both ends being ranks of this crate
+//! that may speak the nuvec wire ([`probe`]: a datagram to the UDP port beside the acceptor's
+//! TCP port before each connect; with a key, the handshake's wire bytes), so that the ring's
+//! ranks can agree on a wire (`ring::agree`) without a byte on the TCP connections that MLX
+//! would not send. Local links are orthogonal: they change where a connection's bytes go, not
+//! which wire they are.
+//!
 //! Receives never read past their own end, so the bytes of the next operation stay in the
 //! socket for it: the stream stays aligned with MLX's. No read or write asks for more than
 //! 1 GiB at a time (macOS fails socket calls above `INT_MAX` bytes; see the private `limits`
@@ -43,6 +50,7 @@
 pub mod auth;
 mod connect;
 mod local;
+pub mod probe;
 mod scratch;
 pub mod setup;
 pub(crate) mod split;
@@ -55,7 +63,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::config::log::Log;
-use crate::config::options::{DEFAULT_SPIN, Spin};
+use crate::config::options::{DEFAULT_SPIN, Spin, WireChoice};
 use crate::error::Error;
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer, Watch,
@@ -66,6 +74,7 @@ use crate::transport::tcp::auth::Key;
 use crate::transport::tcp::stream::Reassembly;
 use crate::transport::wait::{Next, Waiter};
 use local::LocalLink;
+pub use probe::NotNative;
 use scratch::Scratch;
 
 /// The scratch buffer of a receive that hands its bytes to the algorithm, per channel.
@@ -114,6 +123,10 @@ pub struct TcpFabric {
     /// What a step that cannot progress consults (JACCL's side channel, a progress timeout);
     /// nothing for MLX's ring.
     watch: Watch,
+    /// `native[peer][link]`: whether the connection is native (both ends are ranks of this
+    /// crate that may speak the nuvec wire), as setup found out (the `probe` module), else
+    /// why not.
+    native: Vec<Vec<Result<(), NotNative>>>,
 }
 
 impl std::fmt::Debug for TcpFabric {
@@ -127,17 +140,39 @@ impl TcpFabric {
     /// same count C) within `timeout`, in MLX's order, and numbers the connections as
     /// [`Wiring::ring`](crate::fabric::Wiring::ring). With `local`, a connection between two
     /// ranks of this crate on one machine carries its bytes through shared memory (see
-    /// [`local`]).
+    /// [`local`]). Unless `wire` is MLX's, it finds out which connections are native (see
+    /// [`native`](Self::native)).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the setup's inputs, each from a different source"
+    )]
     pub(crate) fn connect_ring(
         nodes: &[Vec<String>],
         rank: usize,
         timeout: Duration,
         key: Option<&Key>,
         local: bool,
+        wire: WireChoice,
         log: &Log,
     ) -> Result<Self, Error> {
-        let sockets = connect::connect_ring(nodes, rank, timeout, key, local, log)?;
+        let sockets = connect::connect_ring(nodes, rank, timeout, key, local, wire, log)?;
         Self::from_ring_sockets(rank, nodes.len(), sockets)
+    }
+
+    /// Why the connection of `channel` is not native (`None`: it is: both its ends are ranks
+    /// of this crate that may speak the nuvec wire, as found out during setup, by a datagram
+    /// beside the TCP port without a key, by the handshake with one; the same at both ends of
+    /// a connection).
+    pub(crate) fn not_native(&self, channel: Channel) -> Option<NotNative> {
+        match self
+            .native
+            .get(channel.peer)
+            .and_then(|row| row.get(channel.link))
+        {
+            Some(Ok(())) => None,
+            Some(Err(why)) => Some(*why),
+            None => Some(NotNative::Unprobed),
+        }
     }
 
     /// The fabric of rank `rank` of a ring of `size` over its connected `sockets`, numbered as
@@ -151,13 +186,18 @@ impl TcpFabric {
         let left = (rank + size - 1) % size;
         let mut by_peer: Vec<Vec<(TcpStream, Option<LocalLink>)>> =
             (0..size).map(|_| Vec::new()).collect();
+        let mut native: Vec<Vec<Result<(), NotNative>>> = (0..size).map(|_| Vec::new()).collect();
         // Opened connections first, then accepted ones (the `Wiring` rule).
         by_peer[right].extend(sockets.right);
+        native[right].extend(sockets.right_native);
         by_peer[left].extend(sockets.left);
-        Self::from_links(rank, by_peer).map_err(|e| Error::Connect {
+        native[left].extend(sockets.left_native);
+        let mut fabric = Self::from_links(rank, by_peer).map_err(|e| Error::Connect {
             rank,
             what: format!("cannot set up the ring's sockets: {e}"),
-        })
+        })?;
+        fabric.native = native;
+        Ok(fabric)
     }
 
     /// A fabric over connected streams: `streams[peer][link]`, each given the fabric's socket
@@ -214,6 +254,7 @@ impl TcpFabric {
             epoch: Instant::now(),
             waiter: Waiter::new(Spin::Adaptive(DEFAULT_SPIN)),
             watch: Watch::default(),
+            native: Vec::new(),
         })
     }
 

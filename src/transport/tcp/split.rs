@@ -81,8 +81,9 @@ impl Listening {
         local: bool,
         log: &Log,
     ) -> Result<TcpFabric, Error> {
+        // No probe: a sub-group inherits its parent's wire.
         let sockets =
-            connect::connect_ring_on(nodes, rank, self.listeners, timeout, key, local, log)?;
+            connect::connect_ring_on(nodes, rank, self.listeners, timeout, key, local, None, log)?;
         TcpFabric::from_ring_sockets(rank, nodes.len(), sockets)
     }
 }

@@ -1,0 +1,210 @@
+//! The nuvec wire's negotiation over real sockets on loopback, the ranks as threads: which
+//! wire a job of this crate's ranks agrees on (the probe without a key, the handshake with
+//! one), a rank asked for MLX's wire, a job asked for the nuvec wire that cannot have it, a
+//! stranger's datagrams, and a UDP port that answers nothing.
+
+use crate::common::ports;
+use crate::common::rank_threads;
+
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use nuvec_core::DType;
+use nuvec_distributed::internals::tcp::probe::{Datagram, job_identity};
+use nuvec_distributed::reduce::Reduction;
+use nuvec_distributed::{Error, Options, RingGroup, Wire, WireChoice, connect_ring};
+
+const SECRET: &str = "the wire tests' shared secret";
+
+fn options(wire: WireChoice) -> Options {
+    Options::default()
+        .timeout(Duration::from_secs(20))
+        .wire(wire)
+}
+
+/// Connects a ring of `ranks` × `conns` on loopback, rank r with `options(r)`.
+fn connect(
+    ranks: usize,
+    conns: usize,
+    options: impl Fn(usize) -> Options + Sync,
+) -> Vec<Result<RingGroup, Error>> {
+    let nodes = ports::free_nodes(ranks, conns);
+    rank_threads::run(ranks, |rank| connect_ring(&nodes, rank, &options(rank)))
+}
+
+/// The wire every rank's group speaks, after checking that an all_sum still adds up.
+fn wires(groups: Vec<Result<RingGroup, Error>>) -> Vec<Wire> {
+    let n = groups.len();
+    rank_threads::run(n, |rank| {
+        let group = groups[rank]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        let comm = group.communicator().expect("a ring");
+        let mut data = vec![rank as u8 + 1; 1000];
+        comm.try_all_reduce(Reduction::Sum, DType::U8, &mut data)
+            .expect("all_sum");
+        let want = (1..=n as u8).sum::<u8>();
+        assert!(data.iter().all(|&b| b == want), "rank {rank}");
+        comm.wire()
+    })
+}
+
+#[test]
+fn a_job_of_this_crates_ranks_agrees_on_the_nuvec_wire() {
+    for (ranks, conns) in [(2, 1), (3, 2), (4, 1)] {
+        let got = wires(connect(ranks, conns, |_| options(WireChoice::Auto)));
+        assert_eq!(got, vec![Wire::Nuvec; ranks], "{ranks} ranks × {conns}");
+    }
+}
+
+#[test]
+fn a_job_asked_for_the_nuvec_wire_on_every_rank_gets_it() {
+    let got = wires(connect(3, 1, |_| options(WireChoice::Nuvec)));
+    assert_eq!(got, vec![Wire::Nuvec; 3]);
+}
+
+#[test]
+fn one_rank_asked_for_mlx_makes_the_whole_job_speak_mlx() {
+    for mlx in 0..3 {
+        let got = wires(connect(3, 1, |rank| {
+            options(if rank == mlx {
+                WireChoice::Mlx
+            } else {
+                WireChoice::Auto
+            })
+        }));
+        assert_eq!(got, vec![Wire::Mlx; 3], "rank {mlx} asked for mlx");
+    }
+    // Four ranks: the native connections form a path, and the farthest rank learns in the
+    // last round.
+    let got = wires(connect(4, 2, |rank| {
+        options(if rank == 0 {
+            WireChoice::Mlx
+        } else {
+            WireChoice::Auto
+        })
+    }));
+    assert_eq!(got, vec![Wire::Mlx; 4]);
+}
+
+#[test]
+fn a_job_asked_for_nuvec_with_one_rank_asked_for_mlx_fails_on_every_rank_asked_for_nuvec_naming_it()
+{
+    let nodes = ports::free_nodes(4, 1);
+    let groups = rank_threads::run(4, |rank| {
+        let wire = if rank == 2 {
+            WireChoice::Mlx
+        } else {
+            WireChoice::Nuvec
+        };
+        connect_ring(&nodes, rank, &options(wire))
+    });
+    for (rank, group) in groups.iter().enumerate() {
+        match (rank, group) {
+            (2, Ok(g)) => assert_eq!(g.communicator().map(|c| c.wire()), Some(Wire::Mlx)),
+            (2, Err(e)) => panic!("rank 2, asked for MLX's wire, failed: {e}"),
+            (_, Ok(_)) => panic!("rank {rank} formed a group without the nuvec wire"),
+            (_, Err(e)) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("NUVEC_DISTRIBUTED_WIRE=nuvec") && text.contains("rank 2"),
+                    "rank {rank}: {text}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_keyed_job_agrees_through_the_handshake() {
+    let keyed = |wire| options(wire).key(SECRET).expect("a long enough key");
+    let got = wires(connect(3, 2, |_| keyed(WireChoice::Auto)));
+    assert_eq!(got, vec![Wire::Nuvec; 3]);
+    let got = wires(connect(3, 1, |rank| {
+        keyed(if rank == 1 {
+            WireChoice::Mlx
+        } else {
+            WireChoice::Auto
+        })
+    }));
+    assert_eq!(got, vec![Wire::Mlx; 3]);
+    let groups = connect(2, 1, |rank| {
+        keyed(if rank == 0 {
+            WireChoice::Mlx
+        } else {
+            WireChoice::Nuvec
+        })
+    });
+    let text = groups[1]
+        .as_ref()
+        .expect_err("rank 1 was asked for nuvec")
+        .to_string();
+    assert!(text.contains("rank 0 was asked for MLX's wire"), "{text}");
+}
+
+#[test]
+fn a_strangers_datagrams_do_not_break_setup() {
+    let nodes = ports::free_nodes(3, 2);
+    let stop = AtomicBool::new(false);
+    let job = job_identity(&nodes);
+    let strange = |rank: u32, link: u32, job: u64, answer: bool| {
+        Datagram {
+            answer,
+            job,
+            rank,
+            link,
+            port: 40_000,
+            nonce: 7,
+        }
+        .encode()
+        .to_vec()
+    };
+    let junk: Vec<Vec<u8>> = vec![
+        b"hello".to_vec(),
+        vec![0xff; 40],
+        vec![0; 2000],
+        strange(0, 0, job ^ 1, false),
+        strange(5, 0, job, false),
+        strange(0, 9, job, false),
+        strange(0, 0, job, true),
+    ];
+    let groups = std::thread::scope(|s| {
+        let stranger = s.spawn(|| {
+            let socket = UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
+            while !stop.load(Ordering::Relaxed) {
+                for address in nodes.iter().flatten() {
+                    for datagram in &junk {
+                        let _ = socket.send_to(datagram, address);
+                    }
+                }
+                // A stranger that keeps knocking, at its own pace.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let groups = rank_threads::run(3, |rank| {
+            connect_ring(&nodes, rank, &options(WireChoice::Auto))
+        });
+        stop.store(true, Ordering::Relaxed);
+        stranger.join().expect("the stranger");
+        groups
+    });
+    assert_eq!(wires(groups), vec![Wire::Nuvec; 3]);
+}
+
+#[test]
+fn a_udp_port_that_answers_nothing_costs_the_probes_wait_and_leaves_the_job_mlx() {
+    let nodes = ports::free_nodes(2, 1);
+    // Something else holds rank 1's UDP port and reads nothing: rank 1 cannot bind it, and
+    // rank 0's probe goes unanswered, as behind a firewall that drops UDP.
+    let silent = UdpSocket::bind(&nodes[1][0]).expect("rank 1's UDP port");
+    let started = Instant::now();
+    let groups = rank_threads::run(2, |rank| {
+        connect_ring(&nodes, rank, &options(WireChoice::Auto).verbose(true))
+    });
+    let took = started.elapsed();
+    let got = wires(groups);
+    drop(silent);
+    assert_eq!(got, vec![Wire::Mlx; 2]);
+    assert!(took >= Duration::from_millis(60), "setup took {took:?}");
+}
