@@ -428,6 +428,30 @@ mod tests {
     }
 
     #[test]
+    fn strict_init_of_any_backend_without_a_launch_environment_says_how_to_start_a_job() {
+        let env = Env::from_fn(&none);
+        let text = init_from(&env, true, Backend::Any)
+            .expect_err("strict")
+            .to_string();
+        assert!(!text.contains("no any backend"), "{text}");
+        assert!(
+            text.contains("distributed: no backend could be initialised"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nuvec-launch -n 4 -- ./prog") && text.contains("mlx.launch"),
+            "{text}"
+        );
+        let ring = init_from(&env, true, Backend::Ring)
+            .expect_err("strict")
+            .to_string();
+        assert!(
+            ring.contains("distributed: no ring backend could be initialised"),
+            "{ring}"
+        );
+    }
+
+    #[test]
     fn without_the_environment_init_is_this_process_alone() {
         let env = Env::from_fn(&none);
         let group = init_from(&env, false, Backend::Any).expect("not strict");
