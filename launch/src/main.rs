@@ -97,6 +97,9 @@ fn run() -> i32 {
         Ok(list) => list,
         Err(e) => return usage_failure(&e),
     };
+    for w in &list.warnings {
+        warn(w);
+    }
     let terminal = plan::terminal_size(
         std::env::var("COLUMNS").ok().as_deref(),
         std::env::var("LINES").ok().as_deref(),
