@@ -50,6 +50,7 @@
 
 mod args;
 mod hosts;
+mod output;
 mod plan;
 mod script;
 
@@ -619,13 +620,7 @@ impl Job {
                 return;
             }
         }
-        let prefix = format!("[rank {rank}] ");
-        let mut text = Vec::with_capacity(prefix.len() + line.len() + 1);
-        text.extend_from_slice(prefix.as_bytes());
-        text.extend_from_slice(&line);
-        if !line.ends_with(b"\n") {
-            text.push(b'\n');
-        }
+        let text = output::prefixed(rank, &line);
         if stderr {
             let _ = std::io::stderr().lock().write_all(&text);
         } else {
