@@ -152,7 +152,12 @@ fn a_bad_color_fails_every_rank_naming_who_passed_it_and_the_parent_stays_usable
         let sub = parent
             .split(0, if r == 2 { -9 } else { -1 })
             .expect("a key below -1 orders by parent rank");
-        (bad_color, sub.rank(), sum(&sub, &[1.0]), sum(&parent, &[1.0]))
+        (
+            bad_color,
+            sub.rank(),
+            sum(&sub, &[1.0]),
+            sum(&parent, &[1.0]),
+        )
     });
     for (r, (bad_color, sub_rank, in_sub, after)) in out.into_iter().enumerate() {
         assert!(bad_color.contains("rank 1 passed color -3"), "{bad_color}");
