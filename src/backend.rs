@@ -208,6 +208,7 @@ pub fn connect_jaccl(
             let mut rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
             rdma.set_watch(watch(side)?);
             rdma.set_wait(options.spin);
+            rdma.set_log(log);
             // Sub-groups get new queue pairs on the same devices: this rank's devices toward
             // every job rank (a ring's toward its neighbours only).
             let devices: Vec<Vec<String>> = config.devices().get(rank).cloned().unwrap_or_default();
