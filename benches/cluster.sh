@@ -17,7 +17,8 @@
 #   arrays   this checkout through the same nuvec_core API, benches/upstream --impl local
 #   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce/)
 # busbw = bytes * 2 (n - 1) / n / p50, shown in Gbit/s and as a percentage of the link's
-# measured TCP goodput. Output of every job in target/cluster-bench/; the table also goes to
+# measured TCP goodput, then each column's CPU µs per operation and rank (of its best run).
+# The programs' lines are read by field name; a line in another format stops the script. Output of every job in target/cluster-bench/; the table also goes to
 # target/cluster-bench/table.md and a plot to target/cluster-bench/busbw.svg.
 set -euo pipefail
 
@@ -121,7 +122,7 @@ for n in $RANKS; do
 done
 
 python3 - "$OUT" "$RANKS" "$SIZES" "$LINK" "$RATE" <<'PY'
-import glob, os, re, sys
+import glob, math, os, re, sys
 
 out, ranks, sizes, link, rate = sys.argv[1], sys.argv[2].split(), sys.argv[3], float(sys.argv[4]), sys.argv[5]
 
@@ -129,30 +130,57 @@ def parse_bytes(s):
     shift = {"K": 10, "M": 20, "G": 30}.get(s[-1:].upper(), 0)
     return int(s[:-1] if shift else s) << shift
 
-best = {}  # (column, ranks, bytes) -> (p50 µs, check)
+best = {}  # (column, ranks, bytes) -> (p50 µs, check, cpu µs per rank)
 
-def keep(col, n, b, p50, check):
+def keep(col, n, b, p50, check, cpu):
     key = (col, n, b)
     if key not in best or p50 < best[key][0]:
-        best[key] = (p50, check)
+        best[key] = (p50, check, cpu)
+
+def number(s):
+    try:
+        return float(s)
+    except ValueError:  # "-": not measured
+        return math.nan
+
+def fail(path, lineno, line, why):
+    sys.exit(f"cluster.sh: {path}:{lineno}: {why}: {line.strip()!r}")
+
+# The ROW lines of benches/mlx_allsum.py and benches/upstream, by name (their documented order).
+ROW = ["ROW", "impl", "ranks", "bytes", "p50", "p99", "check", "cpu"]
+# The words of benches/allreduce's table header that are units, not column names.
+UNITS = {"µs", "µs/rank", "GB/s"}
 
 for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
     name, n, _ = os.path.basename(path)[:-4].rsplit("-", 2)
     n = int(n)
-    section = None
-    for line in open(path, errors="replace"):
+    section, columns = None, None
+    for lineno, line in enumerate(open(path, errors="replace"), 1):
         line = re.sub(r"^\[rank \d+\] ", "", line)
         f = line.split()
-        if f[:1] == ["ROW"] and len(f) == 7:
-            col = {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[f[1]]
-            keep(col, n, int(f[3]), float(f[4]), f[6])
+        if f[:1] == ["ROW"]:
+            # A field count other than the documented one means the format moved on: stop
+            # rather than show a table of "-".
+            if len(f) != len(ROW):
+                fail(path, lineno, line, f"a ROW line of {len(f)} fields, not {len(ROW)} ({' '.join(ROW)})")
+            row = dict(zip(ROW, f))
+            col = {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[row["impl"]]
+            keep(col, n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
         elif name == "raw":
             if "elements" in line and "p50" in line:
+                # The header names the columns: rows are read by name.
                 section = "raw"
+                columns = [w for w in f if w not in UNITS]
+                missing = {"bytes", "p50", "cpu", "check"} - set(columns)
+                if missing:
+                    fail(path, lineno, line, f"a table header without {sorted(missing)}")
             elif line.startswith("#"):
                 section = None if line.startswith("# wire") else section
-            elif section == "raw" and len(f) >= 10 and f[0].isdigit():
-                keep("raw", n, int(f[0]), float(f[3]), f[8])
+            elif section == "raw" and f[:1] and f[0].isdigit():
+                if len(f) < len(columns) - 2:  # the last two (vs the wire) are optional
+                    fail(path, lineno, line, f"a row of {len(f)} fields under a header of {len(columns)}")
+                row = dict(zip(columns, f))
+                keep("raw", n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
 
 cols = ["mlx", "0.5.0", "arrays", "raw"]
 
@@ -165,10 +193,11 @@ def label(b):
 
 lines = [
     f"Link: one TCP stream between two hosts (iperf3) {link / 1e9:.3f} Gbit/s (NICs shaped to {rate}).",
-    "busbw of float32 all_sum in Gbit/s and as % of that link (best p50 of the runs):",
+    "busbw of float32 all_sum in Gbit/s and as % of that link (best p50 of the runs), then the",
+    "CPU µs per operation and rank of that run:",
     "",
-    "| hosts | size | " + " | ".join(cols) + " |",
-    "|---|---|" + "---|" * len(cols),
+    "| hosts | size | " + " | ".join(cols) + " | " + " | ".join(f"cpu {c}" for c in cols) + " |",
+    "|---|---|" + "---|" * (2 * len(cols)),
 ]
 series = {}
 for n in map(int, ranks):
@@ -184,7 +213,11 @@ for n in map(int, ranks):
                 series.setdefault((c, n), []).append((b, bw))
                 bad = "" if check in ("ok", "-") else f" {check}"
                 cells.append(f"{bw / 1e9:.3f} ({100 * bw / link:.0f} %){bad}")
-        lines.append(f"| {n} | {label(b)} | " + " | ".join(cells) + " |")
+        cpus = []
+        for c in cols:
+            v = best.get((c, n, b))
+            cpus.append("-" if v is None or math.isnan(v[2]) else f"{v[2]:.1f}")
+        lines.append(f"| {n} | {label(b)} | " + " | ".join(cells + cpus) + " |")
 text = "\n".join(lines)
 print()
 print(text)

@@ -211,6 +211,7 @@ pub fn connect_jaccl(
             let mut rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
             rdma.set_watch(watch(side)?);
             rdma.set_wait(options.spin);
+            rdma.set_log(log);
             // Sub-groups get new queue pairs on the same devices: this rank's devices toward
             // every job rank (a ring's toward its neighbours only).
             let devices: Vec<Vec<String>> = config.devices().get(rank).cloned().unwrap_or_default();
@@ -491,6 +492,30 @@ mod tests {
         );
         let err = init_from(&env, true, Backend::Jaccl).expect_err("strict");
         assert!(err.to_string().contains("jaccl"), "{err}");
+    }
+
+    #[test]
+    fn strict_init_of_any_backend_without_a_launch_environment_says_how_to_start_a_job() {
+        let env = Env::from_fn(&none);
+        let text = init_from(&env, true, Backend::Any)
+            .expect_err("strict")
+            .to_string();
+        assert!(!text.contains("no any backend"), "{text}");
+        assert!(
+            text.contains("distributed: no backend could be initialised"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nuvec-launch -n 4 -- ./prog") && text.contains("mlx.launch"),
+            "{text}"
+        );
+        let ring = init_from(&env, true, Backend::Ring)
+            .expect_err("strict")
+            .to_string();
+        assert!(
+            ring.contains("distributed: no ring backend could be initialised"),
+            "{ring}"
+        );
     }
 
     #[test]

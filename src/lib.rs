@@ -81,6 +81,9 @@ pub use transport::tcp::TcpFabric;
 pub mod internals {
     pub use crate::collective::split::{Exchange, Plan, Splitter, SubFabric};
     pub use crate::ring::agree;
+    /// The verbs library loader, over a list of paths (feature `jaccl`).
+    #[cfg(feature = "jaccl")]
+    pub use crate::transport::rdma::load_library as load_verbs;
     pub use crate::transport::tcp;
     pub use crate::transport::tcp::{auth, stream};
 }

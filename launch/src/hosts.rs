@@ -23,6 +23,9 @@ pub(crate) struct Host {
     pub(crate) ips: Vec<String>,
     /// The RDMA device(s) towards each rank (`"rdma"`): `null`, a string or a list of strings.
     pub(crate) rdma: Vec<Value>,
+    /// The keys of its host file entry that a host file does not have (ignored, as MLX
+    /// ignores them, but named when the backend then lacks what it needs).
+    pub(crate) unknown: Vec<String>,
 }
 
 /// The hosts of a job, with the host file's backend and environment.
@@ -34,6 +37,9 @@ pub(crate) struct HostList {
     pub(crate) backend: String,
     /// The host file's `"envs"` (`KEY=VALUE` strings).
     pub(crate) envs: Vec<String>,
+    /// What the launcher warns about before it plans: each unknown key of the host file,
+    /// with its file and entry.
+    pub(crate) warnings: Vec<String>,
 }
 
 /// Whether `host` is an IP address literal (Python's `ipaddress.ip_address`; an IPv6 zone
@@ -84,6 +90,7 @@ impl HostList {
                     ssh: h.to_owned(),
                     ips: ips.clone(),
                     rdma: Vec::new(),
+                    unknown: Vec::new(),
                 });
             }
         }
@@ -125,6 +132,12 @@ impl HostList {
         let mut list = HostList::default();
         let hosts = match &data {
             Value::Object(map) => {
+                for key in map.keys().filter(|k| !FILE_KEYS.contains(&k.as_str())) {
+                    list.warnings.push(format!(
+                        "hostfile {origin}: unknown key {key:?} is ignored (a host file has {})",
+                        quoted(&FILE_KEYS)
+                    ));
+                }
                 match map.get("backend") {
                     None | Some(Value::Null) => {}
                     Some(Value::String(b)) => list.backend = b.clone(),
@@ -159,6 +172,21 @@ impl HostList {
                 Some(_) => return Err(fail(format!("host {i}: \"ssh\" must be a string"))),
                 None => return Err(fail("'ssh'".into())),
             };
+            // MLX reads the keys it knows and ignores the others: so does this, but it names
+            // them, since a misspelt key ("ip" for "ips") would otherwise only show as what
+            // the backend then lacks.
+            let unknown: Vec<String> = h
+                .keys()
+                .filter(|k| !HOST_KEYS.contains(&k.as_str()))
+                .cloned()
+                .collect();
+            for key in &unknown {
+                list.warnings.push(format!(
+                    "hostfile {origin}: host {i} (ssh {ssh:?}): unknown key {key:?} is ignored \
+                     (a host has {})",
+                    quoted(&HOST_KEYS)
+                ));
+            }
             let ips = match h.get("ips") {
                 None => Vec::new(),
                 Some(v) => strings(v)
@@ -184,9 +212,29 @@ impl HostList {
                 }
                 Some(_) => return Err(fail(format!("host {i}: \"rdma\" must be a list"))),
             };
-            list.hosts.push(Host { ssh, ips, rdma });
+            list.hosts.push(Host {
+                ssh,
+                ips,
+                rdma,
+                unknown,
+            });
         }
         Ok(list)
+    }
+}
+
+/// The keys of a host file object (`mlx.launch`'s `Hostfile.from_file`).
+const FILE_KEYS: [&str; 3] = ["hosts", "backend", "envs"];
+
+/// The keys of a host entry.
+pub(crate) const HOST_KEYS: [&str; 3] = ["ssh", "ips", "rdma"];
+
+/// `keys` quoted and joined: `"a", "b" and "c"`.
+pub(crate) fn quoted(keys: &[&str]) -> String {
+    let quoted: Vec<String> = keys.iter().map(|k| format!("{k:?}")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => quoted.concat(),
     }
 }
 
@@ -260,6 +308,31 @@ mod tests {
                 .unwrap_err()
                 .0,
             "Hostfile /nonexistent/h.json doesn't exist"
+        );
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_with_its_entry_and_ignored_as_mlx_ignores_it() {
+        let l = HostList::parse(
+            r#"{"env": ["A=1"], "hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ip": ["10.0.0.2"]}]}"#,
+            "h.json",
+        )
+        .expect("unknown keys are not errors");
+        assert_eq!(l.hosts[1].ips, Vec::<String>::new());
+        assert_eq!(l.hosts[1].unknown, vec!["ip".to_owned()]);
+        assert!(l.hosts[0].unknown.is_empty());
+        assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
+        assert!(
+            l.warnings[0].contains("h.json") && l.warnings[0].contains("unknown key \"env\""),
+            "{:?}",
+            l.warnings
+        );
+        assert!(
+            l.warnings[1].contains("host 1 (ssh \"b\")")
+                && l.warnings[1].contains("unknown key \"ip\"")
+                && l.warnings[1].contains("\"ips\""),
+            "{:?}",
+            l.warnings
         );
     }
 }

@@ -50,6 +50,7 @@
 
 mod args;
 mod hosts;
+mod output;
 mod plan;
 mod script;
 
@@ -97,6 +98,9 @@ fn run() -> i32 {
         Ok(list) => list,
         Err(e) => return usage_failure(&e),
     };
+    for w in &list.warnings {
+        warn(w);
+    }
     let terminal = plan::terminal_size(
         std::env::var("COLUMNS").ok().as_deref(),
         std::env::var("LINES").ok().as_deref(),
@@ -616,13 +620,7 @@ impl Job {
                 return;
             }
         }
-        let prefix = format!("[rank {rank}] ");
-        let mut text = Vec::with_capacity(prefix.len() + line.len() + 1);
-        text.extend_from_slice(prefix.as_bytes());
-        text.extend_from_slice(&line);
-        if !line.ends_with(b"\n") {
-            text.push(b'\n');
-        }
+        let text = output::prefixed(rank, &line);
         if stderr {
             let _ = std::io::stderr().lock().write_all(&text);
         } else {

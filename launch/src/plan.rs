@@ -14,7 +14,7 @@ use serde_json::Value;
 use serde_json::ser::Formatter;
 
 use crate::args::{Args, UsageError, usage_error};
-use crate::hosts::HostList;
+use crate::hosts::{HOST_KEYS, HostList, quoted};
 
 /// The hosts that are started directly rather than through `ssh` (`mlx.launch`: only
 /// `127.0.0.1`).
@@ -209,10 +209,28 @@ pub(crate) fn plan(args: &Args, list: HostList, terminal: (i64, i64)) -> Result<
 
     let (file_var, file_content) = match backend {
         LaunchBackend::Ring => {
-            if hosts.iter().any(|h| h.ips.is_empty()) {
-                return Err(usage_error(
-                    "The ring backend requires IPs to be provided instead of hostnames",
-                ));
+            if let Some((i, h)) = hosts.iter().enumerate().find(|(_, h)| h.ips.is_empty()) {
+                const MLX: &str =
+                    "The ring backend requires IPs to be provided instead of hostnames";
+                // MLX's message, and when the entry had keys a host file does not have, which
+                // entry and which keys: the likely misspelling of "ips".
+                return Err(usage_error(if h.unknown.is_empty() {
+                    MLX.to_owned()
+                } else {
+                    let keys: Vec<&str> = h.unknown.iter().map(String::as_str).collect();
+                    format!(
+                        "{MLX}: host {i} (ssh {:?}) has no \"ips\"; its {} {} not known and \
+                         ignored (a host has {})",
+                        h.ssh,
+                        if keys.len() == 1 { "key" } else { "keys" },
+                        if keys.len() == 1 {
+                            format!("{} is", quoted(&keys))
+                        } else {
+                            format!("{} are", quoted(&keys))
+                        },
+                        quoted(&HOST_KEYS)
+                    )
+                }));
             }
             if args.connections_per_ip < 1 {
                 return Err(usage_error(format!(
@@ -488,6 +506,30 @@ mod tests {
     fn ipv6_ring_addresses_are_bracketed() {
         let p = plan_of(&["--hosts", "::1", "-n", "2", "x"]).unwrap();
         assert_eq!(p.file_content, r#"[["[::1]:32323"], ["[::1]:32324"]]"#);
+    }
+
+    #[test]
+    fn a_ring_entry_without_ips_names_the_entry_and_the_key_it_did_not_know() {
+        let e = plan_with(
+            &["x"],
+            r#"[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ip": ["10.0.0.2"]}]"#,
+        )
+        .unwrap_err()
+        .0;
+        assert!(
+            e.starts_with("The ring backend requires IPs to be provided instead of hostnames")
+                && e.contains("host 1 (ssh \"b\")")
+                && e.contains("\"ip\"")
+                && e.contains("\"ips\""),
+            "{e}"
+        );
+        // A key the ring does not need is only warned about.
+        let p = plan_with(
+            &["x"],
+            r#"[{"ssh": "a", "ips": ["10.0.0.1"], "rdma_devices": []}]"#,
+        )
+        .expect("the ring has what it needs");
+        assert_eq!(p.file_content, r#"[["10.0.0.1:32323"]]"#);
     }
 
     #[test]

@@ -62,10 +62,11 @@ impl<F: Fabric, S> State<F, S> {
         self.diagnosis.clone()
     }
 
-    /// The diagnosis lines of `rank`'s peers at `now`.
+    /// The diagnosis lines of `rank`'s peers at `now`: only those it has links to (a ring
+    /// rank's two neighbours), since it never hears from the others by design.
     fn diagnose(&self, fabric: &F, rank: usize, now: Duration) -> Vec<String> {
         (0..fabric.size())
-            .filter(|&p| p != rank)
+            .filter(|&p| p != rank && fabric.links(p) > 0)
             .map(|p| match fabric.last_heard(p) {
                 None => format!("rank {p}: never heard from"),
                 Some(at) => {

@@ -3,7 +3,8 @@
 //!
 //! As `mx.distributed.Group.split` documents for MLX's MPI backend (`MPI_Comm_split`): the
 //! ranks that pass the same `color` form one new group, ordered by `key`, ties broken by their
-//! parent rank; a `key` of −1 means "my parent rank". The call is a collective on the parent:
+//! parent rank; a negative `key` (−1, say) means "my parent rank", as MLX documents it and its
+//! MPI backend passes it (`key < 0 ? rank : key`). The call is a collective on the parent:
 //! every parent rank passes its pair, and the pairs travel through the parent's own
 //! `all_gather` ([`encode`], [`decode`]), so the exchange works over every fabric, and every
 //! rank checks every pair ([`plan`]). A bad pair is therefore found by every rank at once,
@@ -20,8 +21,12 @@ use nuvec_core::distributed::{AllReduce, Communicator};
 use crate::config::log::Log;
 use crate::error::Error;
 
-/// The `key` that means "order me by my parent rank".
-pub(crate) const PARENT_RANK: i32 = -1;
+/// Whether `key` means "order me by my parent rank": any negative key, as MLX documents
+/// ("If the key is negative then the rank in the current group is used") and its MPI backend
+/// passes (`key < 0 ? rank : key`).
+pub(crate) fn is_parent_rank(key: i32) -> bool {
+    key < 0
+}
 
 /// The bytes of one rank's `(color, key)` in the exchange.
 pub(crate) const RECORD: usize = 8;
@@ -79,15 +84,11 @@ pub(crate) fn decode(records: &[u8]) -> Vec<(i32, i32)> {
 }
 
 /// The arguments of one rank, checked alone: a color is non-negative (MPI's rule; MLX passes
-/// it to `MPI_Comm_split`), a key is non-negative or −1. The error says what is wrong.
-pub(crate) fn check_arguments(color: i32, key: i32) -> Result<(), String> {
+/// it to `MPI_Comm_split`); every key is accepted (a negative one means the parent rank). The
+/// error says what is wrong.
+pub(crate) fn check_arguments(color: i32, _key: i32) -> Result<(), String> {
     if color < 0 {
         return Err(format!("color {color} is negative (colors are 0 or more)"));
-    }
-    if key < PARENT_RANK {
-        return Err(format!(
-            "key {key} is below -1 (keys are 0 or more, or -1 for the parent rank)"
-        ));
     }
     Ok(())
 }
@@ -106,7 +107,7 @@ pub(crate) fn plan(me: usize, choices: &[(i32, i32)]) -> Result<Plan, String> {
     };
     let order = |r: usize| -> (i64, usize) {
         let key = choices[r].1;
-        let key = if key == PARENT_RANK {
+        let key = if is_parent_rank(key) {
             r as i64
         } else {
             i64::from(key)
@@ -373,8 +374,20 @@ mod tests {
     fn a_bad_argument_names_the_rank_that_passed_it() {
         let err = plan(0, &[(0, -1), (-2, 0), (0, -1)]).expect_err("negative color");
         assert!(err.contains("rank 1 passed color -2"), "{err}");
-        let err = plan(2, &[(0, -1), (0, 0), (0, -7)]).expect_err("key below -1");
-        assert!(err.contains("rank 2 passed key -7"), "{err}");
+        let err = plan(2, &[(0, -1), (0, -7), (i32::MIN, -1)]).expect_err("negative color");
+        assert!(err.contains("rank 2 passed color -2147483648"), "{err}");
+    }
+
+    #[test]
+    fn every_negative_key_orders_its_rank_by_its_parent_rank_as_mlx_documents() {
+        // Parent ranks 0 and 2 pass keys below -1: they sort as keys 0 and 2.
+        let choices = [(0, -7), (0, 1), (0, i32::MIN), (0, -1)];
+        assert_eq!(
+            plan(1, &choices).map(|p| (p.rank, p.members)),
+            Ok((1, vec![0, 1, 2, 3]))
+        );
+        assert_eq!(check_arguments(0, i32::MIN), Ok(()));
+        assert_eq!(check_arguments(0, -2), Ok(()));
     }
 
     #[test]
@@ -419,7 +432,7 @@ mod tests {
     proptest! {
         #[test]
         fn every_rank_agrees_on_every_sub_group(
-            choices in prop::collection::vec((0i32..3, -1i32..4), 1..9)
+            choices in prop::collection::vec((0i32..3, -4i32..4), 1..9)
         ) {
             let plans: Vec<Plan> = (0..choices.len())
                 .map(|me| plan(me, &choices).expect("valid"))
@@ -431,7 +444,7 @@ mod tests {
                 // The members are exactly the ranks of that color, in (key, parent rank) order.
                 let mut expected: Vec<usize> =
                     (0..choices.len()).filter(|&r| choices[r].0 == p.color).collect();
-                let key = |r: usize| if choices[r].1 == -1 { r as i64 } else { i64::from(choices[r].1) };
+                let key = |r: usize| if choices[r].1 < 0 { r as i64 } else { i64::from(choices[r].1) };
                 expected.sort_by_key(|&r| (key(r), r));
                 prop_assert_eq!(&p.members, &expected);
                 // Every member computes the same group.

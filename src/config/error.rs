@@ -147,8 +147,14 @@ pub enum ConfigError {
         /// The name asked for.
         name: String,
     },
-    /// A strict initialisation found no backend's launch environment.
-    #[error("no {backend} backend could be initialised: {} not set", missing.join(", "))]
+    /// A strict initialisation found no backend's launch environment: the variables a
+    /// launcher sets are missing, so the message says how to start a job.
+    #[error(
+        "no {}backend could be initialised: {} not set; start every rank through a launcher, \
+         e.g. `nuvec-launch -n 4 -- ./prog` or `mlx.launch -n 4 ./prog`, which sets them",
+        if backend == "any" { String::new() } else { format!("{backend} ") },
+        missing.join(", ")
+    )]
     NoBackend {
         /// The backend asked for (MLX's name).
         backend: String,

@@ -1,7 +1,12 @@
-//! What a JACCL topology asks of each RDMA device (feature `jaccl`), against Apple's limits:
-//! at most [`APPLE_MAX_QP_PER_DEVICE`] queue pairs and [`APPLE_MAX_MR_PER_DEVICE`] memory
-//! regions per Thunderbolt device, and [`APPLE_MAX_WR_PER_QUEUE`] work requests per queue of a
-//! queue pair (the numbers are `nuvec-verbs-abi`'s, which the software provider enforces too).
+//! What a JACCL topology asks of each RDMA device (feature `jaccl`), against each device's
+//! own limits: the queue pairs and memory regions per device and the work requests per queue
+//! of a queue pair that the device reports (`ibv_query_device`'s `max_qp`, `max_mr`,
+//! `max_qp_wr`, read at bring-up: [`DeviceLimits`]), or, when it cannot be asked, Apple's
+//! reported limits for a Thunderbolt device (`nuvec_verbs_abi::APPLE_MAX_*`: 10 queue pairs,
+//! 100 memory regions, 63 work requests, which the software provider enforces by default).
+//! Devices differ: users report 11 queue pairs on M3 Ultra and M5 Max, and 3 on a Mac behind
+//! a 6-port hub (ml-explore/mlx#3205). MLX asks nothing and fails at the first refused
+//! `ibv_create_qp`.
 //!
 //! Every queue pair of the RDMA fabric lives on the device its cable is named by, and owns
 //! 6 memory regions (its frames: 2 to send, 4 to receive) and a capacity of 32 sends and as
@@ -10,8 +15,9 @@
 //! more than 2 ranks, two in a ring of 2 (each wire carries the `left_` and the `right_` queue
 //! pair of the one neighbour). [`Needs::of`] counts a topology with one device per cable,
 //! [`Needs::of_devices`] the device names this rank will really open (a device file may name
-//! one device for several cables), and [`Needs::check`], at bring-up before any queue pair is
-//! created, says which limit a configuration would pass, by how much, and what would fit.
+//! one device for several cables), and [`check_devices`] (or [`Needs::check_with`] for one
+//! device's limits), at bring-up before any queue pair is created, says which limit of which
+//! device a configuration would pass, by how much, and what would fit.
 //!
 //! | topology | queue pairs | devices | per device: queue pairs, regions | work requests per queue |
 //! |---|---|---|---|---|
@@ -22,12 +28,14 @@
 
 use std::collections::BTreeMap;
 
-use nuvec_verbs_abi::{APPLE_MAX_MR_PER_DEVICE, APPLE_MAX_QP_PER_DEVICE, APPLE_MAX_WR_PER_QUEUE};
+pub use crate::transport::rdma::{DeviceLimits, LimitSource};
 
 use super::config::{Config, Topology};
 use crate::config::error::ConfigError;
 use crate::error::Error;
-use crate::transport::rdma::{IN_FLIGHT, RECV_AHEAD, REGIONS_PER_QUEUE_PAIR, WORK_REQUESTS};
+use crate::transport::rdma::{
+    IN_FLIGHT, RECV_AHEAD, REGIONS_PER_QUEUE_PAIR, WORK_REQUESTS, device_limits,
+};
 
 const _: () = assert!(IN_FLIGHT as u32 <= WORK_REQUESTS && RECV_AHEAD as u32 <= WORK_REQUESTS);
 
@@ -107,69 +115,110 @@ impl Needs {
     /// What this rank of `config` will open for `topology` (a mesh of `wires` opens one queue
     /// pair on each of the first `wires` devices named for every peer).
     pub fn planned(config: &Config, topology: Topology) -> Needs {
-        let rank = config.rank();
-        let row = config.devices().get(rank).map_or(&[][..], Vec::as_slice);
-        let size = config.size();
-        let names: Vec<&str> = match topology {
-            Topology::Mesh { wires } => row
-                .iter()
-                .enumerate()
-                .filter(|(peer, _)| *peer != rank)
-                .flat_map(|(_, names)| names.iter().take(wires).map(String::as_str))
-                .collect(),
-            Topology::Ring { .. } if size < 2 => Vec::new(),
-            Topology::Ring { wires } => {
-                let (left, right) = ((rank + size - 1) % size, (rank + 1) % size);
-                [left, right]
-                    .into_iter()
-                    .flat_map(|p| row.get(p).into_iter().flatten().take(wires))
-                    .map(String::as_str)
-                    .collect()
-            }
-        };
-        Needs::of_devices(names)
+        Needs::of_devices(planned_names(config, topology))
+    }
+}
+
+/// The device of each queue pair this rank of `config` will open for `topology`, in order.
+fn planned_names(config: &Config, topology: Topology) -> Vec<&str> {
+    let rank = config.rank();
+    let row = config.devices().get(rank).map_or(&[][..], Vec::as_slice);
+    let size = config.size();
+    match topology {
+        Topology::Mesh { wires } => row
+            .iter()
+            .enumerate()
+            .filter(|(peer, _)| *peer != rank)
+            .flat_map(|(_, names)| names.iter().take(wires).map(String::as_str))
+            .collect(),
+        Topology::Ring { .. } if size < 2 => Vec::new(),
+        Topology::Ring { wires } => {
+            let (left, right) = ((rank + size - 1) % size, (rank + 1) % size);
+            [left, right]
+                .into_iter()
+                .flat_map(|p| row.get(p).into_iter().flatten().take(wires))
+                .map(String::as_str)
+                .collect()
+        }
+    }
+}
+
+impl Needs {
+    /// Whether these needs fit Apple's reported limits on every device; otherwise which
+    /// limit they pass, by how much, and what would fit.
+    pub fn check(&self) -> Result<(), String> {
+        self.check_with(&DeviceLimits::apple("not asked"))
     }
 
-    /// Whether these needs fit Apple's limits; otherwise which limit they pass, by how much,
-    /// and what would fit.
-    pub fn check(&self) -> Result<(), String> {
+    /// Whether these needs fit a device that allows `limits` (every device of these needs
+    /// alike: [`check_devices`] checks each device against its own); otherwise which limit
+    /// they pass on the busiest device, by how much, and what would fit.
+    pub fn check_with(&self, limits: &DeviceLimits) -> Result<(), String> {
         let (on_busiest, device) = &self.busiest;
-        if *on_busiest > APPLE_MAX_QP_PER_DEVICE {
+        let who = &limits.source;
+        let max_qp = limits.queue_pairs;
+        if *on_busiest > max_qp {
             return Err(format!(
                 "this rank would open {on_busiest} queue pairs on device {device}, {} more than \
-                 the {APPLE_MAX_QP_PER_DEVICE} a Thunderbolt device allows: at most \
-                 {APPLE_MAX_QP_PER_DEVICE} cables may name one device (give each cable the \
-                 device of its own port, or use fewer wires)",
-                on_busiest - APPLE_MAX_QP_PER_DEVICE
+                 the {max_qp} {who}: at most {max_qp} cables may name one device (give each \
+                 cable the device of its own port, or use fewer wires)",
+                on_busiest - max_qp
             ));
         }
-        if self.regions_per_device > APPLE_MAX_MR_PER_DEVICE {
+        let max_mr = limits.regions;
+        if self.regions_per_device > max_mr {
             return Err(format!(
                 "this rank would register {} memory regions on device {device} \
-                 ({REGIONS_PER_QUEUE_PAIR} per queue pair), {} more than the \
-                 {APPLE_MAX_MR_PER_DEVICE} a Thunderbolt device allows: at most {} queue pairs \
-                 fit on one device",
+                 ({REGIONS_PER_QUEUE_PAIR} per queue pair), {} more than the {max_mr} {who}: \
+                 at most {} queue pairs fit on one device",
                 self.regions_per_device,
-                self.regions_per_device - APPLE_MAX_MR_PER_DEVICE,
-                APPLE_MAX_MR_PER_DEVICE / REGIONS_PER_QUEUE_PAIR
+                self.regions_per_device - max_mr,
+                max_mr / REGIONS_PER_QUEUE_PAIR
             ));
         }
-        if self.work_requests > APPLE_MAX_WR_PER_QUEUE {
+        let max_wr = limits.work_requests;
+        if self.queue_pairs > 0 && self.work_requests > max_wr {
             return Err(format!(
-                "each queue pair would ask for {} work requests per queue, {} more than the \
-                 {APPLE_MAX_WR_PER_QUEUE} a Thunderbolt device allows",
+                "each queue pair on device {device} would ask for {} work requests per queue, \
+                 {} more than the {max_wr} {who}",
                 self.work_requests,
-                self.work_requests - APPLE_MAX_WR_PER_QUEUE
+                self.work_requests - max_wr
             ));
         }
         Ok(())
     }
 }
 
-/// The bring-up's check: this rank of `config` fits Apple's limits for `topology`, or an
+/// Checks what this rank of `config` opens for `topology` on each device against that
+/// device's own limits (`limits_of(name)`): the busiest device first, so that with equal
+/// limits the error is [`Needs::check`]'s.
+///
+/// # Errors
+///
+/// Which limit of which device the configuration would pass, by how much, and what would fit.
+pub fn check_devices(
+    config: &Config,
+    topology: Topology,
+    mut limits_of: impl FnMut(&str) -> DeviceLimits,
+) -> Result<(), String> {
+    let planned = planned_names(config, topology);
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for name in &planned {
+        *count.entry(name).or_default() += 1;
+    }
+    let mut devices: Vec<(&str, usize)> = count.into_iter().collect();
+    devices.sort_by_key(|&(name, n)| (std::cmp::Reverse(n), name));
+    for (name, n) in devices {
+        Needs::of_devices(std::iter::repeat_n(name, n)).check_with(&limits_of(name))?;
+    }
+    Ok(())
+}
+
+/// The bring-up's check: this rank of `config` fits each device's limits (asked of the
+/// device, Apple's reported ones when it cannot be asked) for `topology`, or an
 /// [`Error::Config`] saying which limit it would pass.
 pub(crate) fn check(config: &Config, topology: Topology) -> Result<(), Error> {
-    Needs::planned(config, topology).check().map_err(|problem| {
+    check_devices(config, topology, device_limits).map_err(|problem| {
         Error::Config(
             ConfigError::AppleLimit {
                 rank: config.rank(),
@@ -281,5 +330,71 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("at most 16 queue pairs"), "{e}");
+    }
+
+    /// The limits a device reports.
+    fn reported(queue_pairs: usize) -> DeviceLimits {
+        DeviceLimits {
+            queue_pairs,
+            regions: 100,
+            work_requests: 63,
+            source: LimitSource::Queried,
+        }
+    }
+
+    #[test]
+    fn a_device_that_reports_eleven_queue_pairs_takes_eleven_and_one_that_reports_three_four_not() {
+        let eleven = Needs::of_devices(["rdma_en1"; 11]);
+        assert!(eleven.check().is_err(), "Apple's 10 refuse 11");
+        assert_eq!(eleven.check_with(&reported(11)), Ok(()));
+        let e = Needs::of_devices(["rdma_en2"; 4])
+            .check_with(&reported(3))
+            .unwrap_err();
+        assert!(
+            e.contains("4 queue pairs on device rdma_en2")
+                && e.contains("1 more than the 3 it reports (ibv_query_device)"),
+            "{e}"
+        );
+        let few_wr = DeviceLimits {
+            work_requests: 16,
+            ..reported(10)
+        };
+        let e = Needs::of_devices(["rdma_en2"])
+            .check_with(&few_wr)
+            .unwrap_err();
+        assert!(
+            e.contains("32 work requests") && e.contains("16 more than the 16"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn each_device_is_checked_against_its_own_limits() {
+        // Rank 0 of a mesh of 4: rdma_en1 towards ranks 1 and 2, rdma_en2 towards rank 3.
+        let row = |names: [&str; 4]| -> Vec<Vec<String>> {
+            names
+                .iter()
+                .map(|n| {
+                    if n.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![(*n).to_owned()]
+                    }
+                })
+                .collect()
+        };
+        let mut devices = vec![row(["", "rdma_en1", "rdma_en1", "rdma_en2"])];
+        devices.extend((1..4).map(|_| row(["rdma_en9", "", "", ""])));
+        let config = Config::new(0, devices);
+        let mesh = Topology::Mesh { wires: 1 };
+        let limits = |one_on_en1: usize| {
+            move |name: &str| reported(if name == "rdma_en1" { one_on_en1 } else { 1 })
+        };
+        assert_eq!(check_devices(&config, mesh, limits(2)), Ok(()));
+        let e = check_devices(&config, mesh, limits(1)).unwrap_err();
+        assert!(
+            e.contains("2 queue pairs on device rdma_en1") && e.contains("1 more than the 1"),
+            "{e}"
+        );
     }
 }

@@ -77,7 +77,8 @@
 //! - `rdma` (cargo feature `jaccl` only): the RDMA fabric over MLX's UC queue pairs (the
 //!   verbs library loaded at run time), with `connect`, `devices()`, `available()` and
 //!   `unavailable()`; `budget` (same feature): what a topology asks of each device against
-//!   Apple's limits (10 queue pairs, 100 memory regions, 63 work requests per queue), checked
+//!   the limits the device reports (`ibv_query_device`), or Apple's reported ones (10 queue
+//!   pairs, 100 memory regions, 63 work requests per queue) when it cannot be asked, checked
 //!   before any queue pair is created.
 //!
 //! Everything but `rdma` builds without the `jaccl` feature.

@@ -63,7 +63,7 @@ use crate::fabric::Channel;
 use crate::transport::rdma::{self as transport, Local, Qp, Remote};
 
 pub use crate::transport::rdma::{
-    IN_FLIGHT, MAX_FRAME, NUVEC_JACCL_VERBS, RECV_AHEAD, RdmaFabric, Unavailable,
+    IN_FLIGHT, MAX_FRAME, NUVEC_JACCL_VERBS, RECV_AHEAD, RdmaFabric, Unavailable, leaked_regions,
 };
 
 const _: () =
@@ -177,8 +177,8 @@ pub(crate) fn remote(peer: usize, d: &Destination) -> Result<Remote, String> {
 ///
 /// # Errors
 ///
-/// [`Error::Config`] when the configuration has no topology, or would pass one of Apple's
-/// limits on a device ([`budget`](super::budget));
+/// [`Error::Config`] when the configuration has no topology, or would pass a limit of a
+/// device (the one it reports, or Apple's when it cannot be asked: [`budget`](super::budget));
 /// [`Error::InvalidArgument`] when `side` is not this rank's side channel of the same
 /// group; [`Error::Connect`] naming the device, the peer and the failing verbs call (a
 /// missing device, no IPv4-mapped GID, a refused queue pair…), a peer's malformed
@@ -203,7 +203,8 @@ pub fn connect(
         });
     }
     let topology = config.topology()?;
-    // Apple's limits, before anything is half built (one queue pair per peer in the mesh).
+    // Each device's limits, before anything is half built (one queue pair per peer in the
+    // mesh): asked of the device, Apple's reported ones when it cannot be asked.
     super::budget::check(config, topology)?;
     let fail = |what: String| Error::Connect {
         rank,

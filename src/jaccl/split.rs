@@ -25,7 +25,7 @@ use crate::transport::tcp::TcpFabric;
 
 impl<F: Fabric + Send + 'static> JacclCommunicator<F> {
     /// [`Communicator::split`] with this crate's error: the ranks that pass the same `color`
-    /// form a new group of the same algorithm, ordered by `key` (−1: the parent rank), ties by
+    /// form a new group of the same algorithm, ordered by `key` (negative: the parent rank), ties by
     /// parent rank. A collective on this group.
     pub fn try_split(&self, color: i32, key: i32) -> Result<Arc<dyn Communicator>, Error> {
         self.split_with(color, key, |fabric| match self.layout() {

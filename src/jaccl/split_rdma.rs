@@ -67,6 +67,7 @@ impl RdmaCables {
         let verbs = transport::verbs().map_err(|e| format!("no RDMA device is available: {e}"))?;
         let (i, k) = (plan.rank(), plan.size());
         let mut fabric = RdmaFabric::new(i, k);
+        fabric.set_log(self.log);
         let mut mine = Vec::with_capacity(2 * wires * Destination::BYTES);
         for (side, j) in [
             (Side::Left, job[(i + k - 1) % k]),
@@ -97,6 +98,7 @@ impl RdmaCables {
     fn open(&self, plan: &Plan, job: &[usize]) -> Result<(RdmaFabric, Vec<u8>), String> {
         let verbs = transport::verbs().map_err(|e| format!("no RDMA device is available: {e}"))?;
         let mut fabric = RdmaFabric::new(plan.rank(), plan.size());
+        fabric.set_log(self.log);
         let mut mine = Vec::with_capacity(plan.size() * Destination::BYTES);
         for (peer, &j) in job.iter().enumerate() {
             if peer == plan.rank() {

@@ -35,7 +35,7 @@ use crate::transport::tcp::split::Listening;
 
 impl<F: Fabric + Send + 'static> RingCommunicator<F> {
     /// [`Communicator::split`] with this crate's error: the ranks that pass the same `color`
-    /// form a new ring ordered by `key` (−1: the parent rank), ties by parent rank. A
+    /// form a new ring ordered by `key` (negative: the parent rank), ties by parent rank. A
     /// collective on this group: every rank calls it at the same point of its program.
     pub fn try_split(&self, color: i32, key: i32) -> Result<Arc<dyn Communicator>, Error> {
         let conns = self.topology().conns();

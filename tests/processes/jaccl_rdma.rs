@@ -29,10 +29,12 @@ use crate::common::emu;
 use crate::common::ports;
 use crate::common::procs;
 
+use nuvec_core::DType;
 use nuvec_distributed::Error;
 use nuvec_distributed::fabric::{Channel, ChannelKind, Fabric, Landing, Transfer, Wiring};
 use nuvec_distributed::jaccl::rdma::{self, MAX_FRAME};
-use nuvec_distributed::jaccl::{self, Config, SideChannel, Topology};
+use nuvec_distributed::jaccl::{self, Config, FrameRule, JacclCommunicator, SideChannel, Topology};
+use nuvec_distributed::reduce::Reduction;
 
 /// The timeout of the side channel and the bring-up.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -327,6 +329,47 @@ fn a_child_reports_whether_jaccl_is_available() {
     }
 }
 
+/// Brings up the RDMA fabric of the JACCL job in the environment (its limits checked
+/// first), sums over it, closes it (its queue pairs are destroyed and their frames
+/// deregistered) and prints how many memory regions this process leaked.
+#[test]
+fn a_child_sums_over_a_jaccl_group_then_drops_it() {
+    if !procs::is_child(DROP_TEST) {
+        return;
+    }
+    let config = match Config::from_env() {
+        Ok(Some(config)) => config,
+        other => panic!("no JACCL job in the environment: {other:?}"),
+    };
+    let (rank, size) = (config.rank(), config.size());
+    let coordinator = config.coordinator_address().unwrap().to_owned();
+    let mut side = SideChannel::connect(&coordinator, rank, size, TIMEOUT).unwrap();
+    let fabric = match rdma::connect(&config, &mut side, TIMEOUT) {
+        Ok(fabric) => fabric,
+        Err(e) => {
+            println!("INIT FAILED {e}");
+            return;
+        }
+    };
+    let comm = match config.topology().unwrap() {
+        Topology::Mesh { .. } => JacclCommunicator::mesh(fabric, FrameRule::Small, TIMEOUT),
+        Topology::Ring { wires } => {
+            JacclCommunicator::ring(fabric, wires, FrameRule::Small, TIMEOUT)
+        }
+    };
+    let mut one = 1.0f32.to_le_bytes();
+    let sum = comm.try_all_reduce(Reduction::Sum, DType::F32, &mut one);
+    println!("SUM {:?}", sum.map(|()| f32::from_le_bytes(one)));
+    drop(comm.close());
+    println!("LEAKED {}", rdma::leaked_regions());
+}
+
+/// The child that drops its group, as a child of this binary.
+const DROP_TEST: &str = concat!(
+    module_path!(),
+    "::a_child_sums_over_a_jaccl_group_then_drops_it"
+);
+
 /// Runs the availability child with the verbs library `verbs` and the extra environment
 /// `env`, in a job of 2 ranks of which only rank 0 is started; its output.
 fn availability(verbs: &str, env: &[(&str, &str)]) -> String {
@@ -335,21 +378,42 @@ fn availability(verbs: &str, env: &[(&str, &str)]) -> String {
 
 /// As [`availability`], with the first `started` ranks of the 2 started; their outputs.
 fn availability_of(started: usize, verbs: &str, env: &[(&str, &str)]) -> Vec<String> {
+    child_over(
+        AVAILABILITY_TEST,
+        started,
+        verbs,
+        &device_file(2, None),
+        env,
+    )
+}
+
+/// As [`availability_of`], with the child `test`, over the device file `devices` (of 2 ranks).
+fn child_over(
+    test: &str,
+    started: usize,
+    verbs: &str,
+    devices: &str,
+    env: &[(&str, &str)],
+) -> Vec<String> {
     let _one_job_at_a_time = procs::exclusive();
-    let dir = procs::scratch(&format!("availability-{started}-{}", verbs.len()));
-    let devices = device_file(2, None);
+    let dir = procs::scratch(&format!(
+        "availability-{started}-{}-{}-{}",
+        verbs.len(),
+        devices.len(),
+        test.len()
+    ));
     let path = dir.join("devices.json");
-    std::fs::write(&path, &devices).expect("write the device file");
+    std::fs::write(&path, devices).expect("write the device file");
     let coordinator = ports::free_nodes(1, 1)[0][0].clone();
     let commands = (0..started)
         .map(|rank| {
-            let mut cmd = procs::this_test(AVAILABILITY_TEST);
+            let mut cmd = procs::this_test(test);
             cmd.env("MLX_RANK", rank.to_string())
                 .env("MLX_IBV_DEVICES", &path)
                 .env("MLX_JACCL_COORDINATOR", &coordinator)
                 .env("NUVEC_DISTRIBUTED_TIMEOUT", "5")
                 .env("NUVEC_JACCL_VERBS", verbs)
-                .env("NUVEC_VERBS_EMU_DEVICES", emu::device_names(&devices));
+                .env("NUVEC_VERBS_EMU_DEVICES", emu::device_names(devices));
             for (key, value) in env {
                 cmd.env(key, value);
             }
@@ -452,4 +516,74 @@ fn with_the_software_provider_jaccl_is_available() {
     let out = availability(&library, &[]);
     assert!(out.contains("AVAILABLE true"), "{out}");
     assert!(!out.contains("WHY"), "{out}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_library_that_loads_without_the_verbs_functions_is_passed_over_for_the_next_one() {
+    // libm and libc load everywhere and have none of the functions; the provider has them all.
+    let provider = emu::library().as_os_str().to_owned();
+    let loaded = nuvec_distributed::internals::load_verbs(&[
+        "libm.so.6".into(),
+        "libc.so.6".into(),
+        provider.clone(),
+    ]);
+    assert_eq!(loaded, Ok(provider.to_string_lossy().into_owned()));
+    // When none serves, the error still names what the first loaded one lacks.
+    let e = nuvec_distributed::internals::load_verbs(&[
+        "/nonexistent/libverbs-missing.so".into(),
+        "libm.so.6".into(),
+    ])
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("libm.so.6 has no function ibv_get_device_list"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_region_the_device_will_not_deregister_is_leaked_and_counted_not_freed() {
+    let library = emu::library().display().to_string();
+    let env = [("NUVEC_VERBS_EMU_FAIL_DEREG", "1")];
+    let outputs = child_over(DROP_TEST, 2, &library, &device_file(2, None), &env);
+    for (rank, out) in outputs.iter().enumerate() {
+        assert!(out.contains("SUM Ok(2.0)"), "rank {rank}: {out}");
+        // One queue pair to the one peer: its 2 send and 4 receive frames.
+        assert!(out.contains("LEAKED 6"), "rank {rank}: {out}");
+    }
+}
+
+#[test]
+fn a_device_that_reports_three_queue_pairs_refuses_a_fourth_at_bring_up_naming_it() {
+    // A ring of 2 with both cables on rdma_en0 opens 4 queue pairs there (each cable carries
+    // the left and the right one): Apple's 10 would take them, a Mac behind a hub's 3 not.
+    let cables = serde_json::json!([
+        [null, ["rdma_en0", "rdma_en0"]],
+        [["rdma_en0", "rdma_en0"], null]
+    ])
+    .to_string();
+    let library = emu::library().display().to_string();
+    let env = [("MLX_JACCL_RING", "1"), ("NUVEC_VERBS_EMU_MAX_QP", "3")];
+    let outputs = child_over(DROP_TEST, 2, &library, &cables, &env);
+    for (rank, out) in outputs.iter().enumerate() {
+        let init = out.lines().find(|l| l.contains("INIT")).unwrap_or_default();
+        assert!(
+            init.contains("INIT FAILED")
+                && init.contains("rank")
+                && init.contains("4 queue pairs on device rdma_en0")
+                && init.contains("1 more than the 3")
+                && init.contains("before any queue pair was created"),
+            "rank {rank}: {out}"
+        );
+    }
+    // The same job fits a device that reports 4.
+    let env = [("MLX_JACCL_RING", "1"), ("NUVEC_VERBS_EMU_MAX_QP", "4")];
+    for (rank, out) in child_over(DROP_TEST, 2, &library, &cables, &env)
+        .iter()
+        .enumerate()
+    {
+        assert!(out.contains("SUM Ok(2.0)"), "rank {rank}: {out}");
+        assert!(out.contains("LEAKED 0"), "rank {rank}: {out}");
+    }
 }

@@ -156,6 +156,54 @@ fn after_a_failure_every_peer_is_summarised_with_the_operation_it_was_last_heard
 }
 
 #[test]
+fn the_diagnosis_of_a_ring_of_five_names_only_its_two_neighbours() {
+    // A ring rank has links to its two neighbours only: the others it never hears from by
+    // design, and listing them as "never heard from" would point at healthy ranks.
+    let report = Sim::ring(5, 1)
+        .seed(4)
+        .fault(Fault::Crash { rank: 2, call: 9 })
+        .run(|fabric| {
+            let rank = nuvec_distributed::fabric::Fabric::rank(&fabric);
+            let comm = RingCommunicator::new(fabric, 1, TIMEOUT);
+            for _ in 0..5 {
+                let mut data = vec![1u8; 16];
+                if comm
+                    .try_all_reduce(Reduction::Sum, DType::U8, &mut data)
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            (rank, comm.diagnosis())
+        });
+    let mut diagnosed = 0;
+    for outcome in report.outcomes {
+        let (rank, diagnosis) = match outcome {
+            Outcome::Returned(pair) => pair,
+            Outcome::Crashed => continue,
+            Outcome::Panicked(p) => panic!("{p}"),
+        };
+        let neighbours = [(rank + 4) % 5, (rank + 1) % 5];
+        let mut named: Vec<usize> = diagnosis
+            .iter()
+            .map(|line| {
+                let peer = line
+                    .strip_prefix("rank ")
+                    .and_then(|l| l.split(':').next())
+                    .and_then(|p| p.parse().ok());
+                peer.unwrap_or_else(|| panic!("rank {rank}: {line}"))
+            })
+            .collect();
+        named.sort_unstable();
+        let mut expected = neighbours.to_vec();
+        expected.sort_unstable();
+        assert_eq!(named, expected, "rank {rank}: {diagnosis:?}");
+        diagnosed += 1;
+    }
+    assert_eq!(diagnosed, 4, "every survivor fails and diagnoses");
+}
+
+#[test]
 fn a_timeout_set_before_an_operation_is_its_deadline() {
     // Rank 1 stalls for 10 s; rank 0 gives its operation 1 s and fails after 1 s, not 30.
     let report = Sim::ring(2, 1)

@@ -762,6 +762,65 @@ pub struct ibv_port_attr {
 /// `ibv_query_port` fills: every field up to and including `flags`.
 pub const COMPAT_PORT_ATTR_BYTES: usize = 48;
 
+/// `struct ibv_device_attr`: what `ibv_query_device` says of a device. The RDMA fabric reads
+/// `max_qp`, `max_qp_wr` and `max_mr` to budget a configuration against the device's own
+/// limits (MLX does not query them: Apple's provider reports 11 queue pairs on some Macs and 3
+/// behind a hub, ml-explore/mlx#3205).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ibv_device_attr {
+    /// The firmware version, a NUL-terminated string.
+    pub fw_ver: [c_char; 64],
+    /// The node GUID (big-endian).
+    pub node_guid: u64,
+    /// The system image GUID (big-endian).
+    pub sys_image_guid: u64,
+    /// The largest memory region.
+    pub max_mr_size: u64,
+    /// The page sizes supported.
+    pub page_size_cap: u64,
+    /// The vendor id.
+    pub vendor_id: u32,
+    /// The vendor's part id.
+    pub vendor_part_id: u32,
+    /// The hardware version.
+    pub hw_ver: u32,
+    /// Queue pairs at most.
+    pub max_qp: c_int,
+    /// Work requests per queue of a queue pair at most.
+    pub max_qp_wr: c_int,
+    /// Capability flags.
+    pub device_cap_flags: c_uint,
+    /// Scatter/gather entries per work request at most.
+    pub max_sge: c_int,
+    /// Scatter/gather entries per RDMA read at most.
+    pub max_sge_rd: c_int,
+    /// Completion queues at most.
+    pub max_cq: c_int,
+    /// Entries per completion queue at most.
+    pub max_cqe: c_int,
+    /// Memory regions at most.
+    pub max_mr: c_int,
+    /// Protection domains at most.
+    pub max_pd: c_int,
+    /// The remaining limits, from `max_qp_rd_atom` to `max_srq_sge` (20 `int`s), which the
+    /// fabric does not read.
+    pub other_limits: [c_int; 20],
+    /// P_Keys at most.
+    pub max_pkeys: u16,
+    /// The local CA ACK delay.
+    pub local_ca_ack_delay: u8,
+    /// The number of physical ports.
+    pub phys_port_cnt: u8,
+}
+
+impl Default for ibv_device_attr {
+    fn default() -> Self {
+        // SAFETY: every field is an integer or an array of them: all-zero bytes are valid.
+        unsafe { core::mem::zeroed() }
+    }
+}
+
 /// Implements `Default` as all-zero bytes for verbs structs with pointer fields.
 macro_rules! zeroed_default {
     ($($t:ty),* $(,)?) => {$(
@@ -818,6 +877,11 @@ pub type CreateCq = unsafe extern "C" fn(
 ) -> *mut ibv_cq;
 /// `int ibv_destroy_cq(struct ibv_cq *cq)`.
 pub type DestroyCq = unsafe extern "C" fn(cq: *mut ibv_cq) -> c_int;
+/// `int ibv_query_device(struct ibv_context *context, struct ibv_device_attr
+/// *device_attr)`: not among MLX's 16 [`SYMBOLS`]; the fabric resolves it when the library
+/// has it ([`QUERY_DEVICE`]).
+pub type QueryDevice =
+    unsafe extern "C" fn(context: *mut ibv_context, device_attr: *mut ibv_device_attr) -> c_int;
 /// `int ibv_query_port(struct ibv_context *context, uint8_t port_num, struct
 /// _compat_ibv_port_attr *port_attr)` (the exported symbol; see [`COMPAT_PORT_ATTR_BYTES`]).
 pub type QueryPort = unsafe extern "C" fn(
@@ -868,6 +932,10 @@ pub const SYMBOLS: [&str; 16] = [
     "ibv_dereg_mr",
 ];
 
+/// The symbol of [`QueryDevice`]: optional, a library without it leaves the fabric on Apple's
+/// reported limits ([`APPLE_MAX_QP_PER_DEVICE`] …).
+pub const QUERY_DEVICE: &str = "ibv_query_device";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -903,5 +971,15 @@ mod tests {
         assert_eq!(size_of::<ibv_port_attr>(), 56);
         assert_eq!(offset_of!(ibv_port_attr, lid), 34);
         assert_eq!(offset_of!(ibv_qp, qp_num), 52);
+    }
+
+    #[test]
+    fn device_attributes_have_rdma_cores_layout() {
+        assert_eq!(size_of::<ibv_device_attr>(), 232);
+        assert_eq!(offset_of!(ibv_device_attr, max_qp), 108);
+        assert_eq!(offset_of!(ibv_device_attr, max_qp_wr), 112);
+        assert_eq!(offset_of!(ibv_device_attr, max_mr), 136);
+        assert_eq!(offset_of!(ibv_device_attr, max_pkeys), 224);
+        assert_eq!(offset_of!(ibv_device_attr, phys_port_cnt), 227);
     }
 }

@@ -6,6 +6,7 @@
 //! on stderr, naming the variable, and makes `ibv_get_device_list` fail with `EINVAL`, so that a
 //! typo cannot silently run a test without the fault it asked for.
 
+use nuvec_verbs_abi::{APPLE_MAX_MR_PER_DEVICE, APPLE_MAX_QP_PER_DEVICE, APPLE_MAX_WR_PER_QUEUE};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -44,7 +45,37 @@ pub(crate) struct Config {
     pub(crate) unexpected: Unexpected,
     /// How messages travel between processes (`NUVEC_VERBS_EMU_WIRE`).
     pub(crate) wire: WireChoice,
+    /// What every device allows, and what `ibv_query_device` reports.
+    pub(crate) limits: Limits,
+    /// Whether `ibv_dereg_mr` fails with `EBUSY`, leaving the region registered
+    /// (`NUVEC_VERBS_EMU_FAIL_DEREG=1`), as a device still using it would.
+    pub(crate) fail_dereg: bool,
 }
+
+/// What every device of the provider allows (Apple's reported limits unless the environment
+/// says otherwise): a Mac behind a hub reports 3 queue pairs (ml-explore/mlx#3205).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Queue pairs per device (`NUVEC_VERBS_EMU_MAX_QP`).
+    pub(crate) qps: usize,
+    /// Memory regions per device (`NUVEC_VERBS_EMU_MAX_MR`).
+    pub(crate) mrs: usize,
+    /// Work requests per queue of a queue pair (`NUVEC_VERBS_EMU_MAX_QP_WR`).
+    pub(crate) wrs: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            qps: APPLE_MAX_QP_PER_DEVICE,
+            mrs: APPLE_MAX_MR_PER_DEVICE,
+            wrs: APPLE_MAX_WR_PER_QUEUE,
+        }
+    }
+}
+
+/// The largest limit accepted: what `ibv_device_attr`'s `int` fields can report.
+const MAX_LIMIT: u64 = i32::MAX as u64;
 
 /// How messages travel between processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,7 +171,23 @@ impl Config {
                 }
             },
         };
+        let limit = |name: &str, default: u64| -> Result<u64, String> {
+            match positive(&get, name)? {
+                None => Ok(default),
+                Some(n) if n <= MAX_LIMIT => Ok(n),
+                Some(n) => Err(format!("{name} must be at most {MAX_LIMIT}, not {n}")),
+            }
+        };
+        let apple = Limits::default();
+        let limits = Limits {
+            qps: limit("NUVEC_VERBS_EMU_MAX_QP", apple.qps as u64)? as usize,
+            mrs: limit("NUVEC_VERBS_EMU_MAX_MR", apple.mrs as u64)? as usize,
+            wrs: limit("NUVEC_VERBS_EMU_MAX_QP_WR", u64::from(apple.wrs))? as u32,
+        };
+        let fail_dereg = flag(&get, "NUVEC_VERBS_EMU_FAIL_DEREG")?;
         Ok(Config {
+            limits,
+            fail_dereg,
             wire,
             unexpected,
             devices,
@@ -287,6 +334,10 @@ mod tests {
             ("NUVEC_VERBS_EMU_WIRE", "udp"),
             ("NUVEC_VERBS_EMU_WIRE", "tcp:0.0.0.0"),
             ("NUVEC_VERBS_EMU_WIRE", "tcp:198.18.0.300"),
+            ("NUVEC_VERBS_EMU_MAX_QP", "0"),
+            ("NUVEC_VERBS_EMU_MAX_MR", "many"),
+            ("NUVEC_VERBS_EMU_MAX_QP_WR", "4294967296"),
+            ("NUVEC_VERBS_EMU_FAIL_DEREG", "yes"),
         ] {
             let message = with(&[(name, value)]).unwrap_err();
             assert!(message.contains(name), "{message}");
@@ -314,6 +365,28 @@ mod tests {
         assert_eq!(config.die_after, Some(9));
         assert_eq!(config.ledger, Some(PathBuf::from("ledger.txt")));
         assert_eq!(config.trace, Some(PathBuf::from("trace.txt")));
+    }
+
+    #[test]
+    fn devices_have_apples_limits_unless_the_environment_sets_them() {
+        assert_eq!(with(&[]).unwrap().limits, Limits::default());
+        assert_eq!(Limits::default().qps, 10);
+        let config = with(&[
+            ("NUVEC_VERBS_EMU_MAX_QP", "3"),
+            ("NUVEC_VERBS_EMU_MAX_MR", "18"),
+            ("NUVEC_VERBS_EMU_MAX_QP_WR", "16"),
+            ("NUVEC_VERBS_EMU_FAIL_DEREG", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            config.limits,
+            Limits {
+                qps: 3,
+                mrs: 18,
+                wrs: 16
+            }
+        );
+        assert!(config.fail_dereg);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! A software RDMA provider: a shared library exporting the verbs ABI (the 16 functions of
-//! `nuvec_verbs_abi::SYMBOLS`, and the `poll_cq`, `post_send` and `post_recv` entries of each
+//! `nuvec_verbs_abi::SYMBOLS`, `ibv_query_device`, and the `poll_cq`, `post_send` and `post_recv` entries of each
 //! context's operation table) that behaves like an RDMA device with Unreliable Connected
 //! queue pairs between processes on one machine.
 //!
@@ -38,6 +38,8 @@
 //! | `NUVEC_VERBS_EMU_DIE_AFTER=<n>` | the process kills itself (SIGKILL) after its n-th sent message |
 //! | `NUVEC_VERBS_EMU_UNEXPECTED=hold\|drop` | a message that finds no receive posted is held until one is (default, as Apple's provider appears to) or dropped (InfiniBand's UC) |
 //! | `NUVEC_VERBS_EMU_WIRE=unix\|tcp\|tcp:<address>` | how messages travel: abstract Unix sockets (default, one machine and network namespace), or TCP on the given IPv4 address of this host or (`tcp`) the first one of an interface that is up and not loopback (127.0.0.1 when there is none) |
+//! | `NUVEC_VERBS_EMU_MAX_QP=<n>`, `_MAX_MR=<n>`, `_MAX_QP_WR=<n>` | every device's limits on queue pairs, memory regions and work requests per queue, as `ibv_query_device` reports them (default Apple's reported 10, 100 and 63; a Mac behind a hub reports 3 queue pairs) |
+//! | `NUVEC_VERBS_EMU_FAIL_DEREG=1` | `ibv_dereg_mr` fails with `EBUSY` and leaves the region registered, as a device still using it |
 //! | `NUVEC_VERBS_EMU_LEDGER=<path>` | each `ibv_close_device` appends `close pid=… device=… qps=… cqs=… mrs=… pds=…` |
 //! | `NUVEC_VERBS_EMU_TRACE=<path>` | the per-queue-pair message log: every send handed to the wire and every message landing in a posted receive appends `send\|recv rank=<MLX_RANK> device=<name> qp=<k> bytes=<n>`, `k` the queue pair's place among those the process created on the device (`trace`), so that two jobs of one shape can be compared queue pair by queue pair |
 //!
@@ -119,6 +121,7 @@ const _: CreateQp = ibv_create_qp;
 const _: DestroyQp = ibv_destroy_qp;
 const _: CreateCq = ibv_create_cq;
 const _: DestroyCq = ibv_destroy_cq;
+const _: QueryDevice = ibv_query_device;
 const _: QueryPort = ibv_query_port;
 const _: QueryGid = ibv_query_gid;
 const _: ModifyQp = ibv_modify_qp;
@@ -262,6 +265,22 @@ pub unsafe extern "C" fn ibv_create_qp(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     status(guard(Err(libc::EIO), || objects::destroy_qp(qp)))
+}
+
+/// `ibv_query_device`: the device's limits (`NUVEC_VERBS_EMU_MAX_*`, Apple's by default).
+///
+/// # Safety
+///
+/// `attr` is null or a writable `ibv_device_attr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ibv_query_device(
+    context: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    status(guard(Err(libc::EIO), || {
+        // SAFETY: the caller's contract is `query_device`'s.
+        unsafe { objects::query_device(context, attr) }
+    }))
 }
 
 /// `ibv_query_port`: fills the first `COMPAT_PORT_ATTR_BYTES` bytes of `attr`.

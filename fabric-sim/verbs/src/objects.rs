@@ -10,9 +10,10 @@
 //! pairs (`EBUSY`), how many queue pairs and regions a device has (Apple's limits).
 //!
 //! Limits are counted per device across the process (every context opened on it), as a
-//! device's resources are: at most [`MAX_QPS`] queue pairs and [`MAX_MRS`] memory regions
-//! (`ENOMEM` beyond), at most [`MAX_WR`] send and receive work requests per queue pair
-//! (`EINVAL` when `ibv_create_qp` asks more). Queue pair types other than UC are refused with
+//! device's resources are: at most [`limits`]`().qps` queue pairs and `.mrs` memory regions
+//! (`ENOMEM` beyond), at most `.wrs` send and receive work requests per queue pair (`EINVAL`
+//! when `ibv_create_qp` asks more): Apple's reported limits, or the environment's
+//! (`NUVEC_VERBS_EMU_MAX_QP`, `_MAX_MR`, `_MAX_QP_WR`), which `ibv_query_device` reports. Queue pair types other than UC are refused with
 //! `EOPNOTSUPP` (95 on Linux, 102 on macOS, the errno Apple's provider is reported to give for
 //! RC). Not modelled: shared receive queues, completion channels (both refused), memory
 //! windows, address handles, pinning (registering unmapped memory is not detected).
@@ -31,12 +32,14 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
-/// Queue pairs per device at most (Apple's limit, as the RDMA fabric's bring-up checks it).
-pub(crate) const MAX_QPS: usize = APPLE_MAX_QP_PER_DEVICE;
-/// Memory regions per device at most (Apple's limit).
-pub(crate) const MAX_MRS: usize = APPLE_MAX_MR_PER_DEVICE;
-/// Send, and receive, work requests per queue pair at most (Apple's limit).
-pub(crate) const MAX_WR: u32 = APPLE_MAX_WR_PER_QUEUE;
+/// What every device allows: the configuration's (Apple's limits by default, as the RDMA
+/// fabric's bring-up checks them), or the defaults when the configuration is bad (nothing can
+/// be opened then anyway).
+pub(crate) fn limits() -> config::Limits {
+    config::get()
+        .as_ref()
+        .map_or_else(|_| config::Limits::default(), |c| c.limits)
+}
 /// Scatter/gather entries per work request at most.
 pub(crate) const MAX_SGE: u32 = 16;
 /// Completion queue entries at most.
@@ -404,8 +407,8 @@ pub(crate) unsafe fn create_qp(
     let bad = !init.srq.is_null()
         || send_cq.ctx != pd_rec.ctx
         || recv_cq.ctx != pd_rec.ctx
-        || cap.max_send_wr > MAX_WR
-        || cap.max_recv_wr > MAX_WR
+        || cap.max_send_wr > limits().wrs
+        || cap.max_recv_wr > limits().wrs
         || cap.max_send_sge > MAX_SGE
         || cap.max_recv_sge > MAX_SGE
         || cap.max_inline_data > 0;
@@ -418,7 +421,7 @@ pub(crate) unsafe fn create_qp(
         .values()
         .filter(|q| reg.device_of(q.ctx) == Some(device))
         .count();
-    if on_device >= MAX_QPS {
+    if on_device >= limits().qps {
         return Err(libc::ENOMEM);
     }
     let context = reg.contexts.get(&pd_rec.ctx).ok_or(libc::EINVAL)?;
@@ -476,6 +479,38 @@ fn retire_qp(qp: &Qp) {
 pub(crate) fn destroy_qp(qp: *mut ibv_qp) -> Result<(), c_int> {
     let removed = registry().qps.remove(&(qp as usize)).ok_or(libc::EINVAL)?;
     retire_qp(&removed);
+    Ok(())
+}
+
+/// `ibv_query_device`: the limits every device of the provider enforces ([`limits`]), one
+/// port, and the rest zero.
+///
+/// # Safety
+///
+/// `out` is null or points to a writable `ibv_device_attr`.
+pub(crate) unsafe fn query_device(
+    ctx: *mut ibv_context,
+    out: *mut ibv_device_attr,
+) -> Result<(), c_int> {
+    context_of(ctx)?;
+    if out.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let limits = limits();
+    let int = |n: usize| c_int::try_from(n).unwrap_or(c_int::MAX);
+    let attr = ibv_device_attr {
+        max_qp: int(limits.qps),
+        max_qp_wr: int(limits.wrs as usize),
+        max_sge: MAX_SGE as c_int,
+        max_cq: int(limits.qps),
+        max_cqe: MAX_CQE,
+        max_mr: int(limits.mrs),
+        max_pd: int(limits.qps),
+        phys_port_cnt: PORT_NUM,
+        ..ibv_device_attr::default()
+    };
+    // SAFETY: `out` is not null, so by the contract it is a writable `ibv_device_attr`.
+    unsafe { out.write(attr) };
     Ok(())
 }
 
@@ -572,7 +607,7 @@ pub(crate) unsafe fn reg_mr(
         .values()
         .filter(|m| reg.device_of(m.ctx) == Some(device))
         .count();
-    if on_device >= MAX_MRS {
+    if on_device >= limits().mrs {
         return Err(libc::ENOMEM);
     }
     let lkey = next_key();
@@ -608,9 +643,18 @@ pub(crate) unsafe fn reg_mr(
     Ok(ptr as *mut ibv_mr)
 }
 
-/// `ibv_dereg_mr`.
+/// `ibv_dereg_mr`; `EBUSY`, the region left registered, when the configuration asks for it
+/// (`NUVEC_VERBS_EMU_FAIL_DEREG=1`).
 pub(crate) fn dereg_mr(mr: *mut ibv_mr) -> Result<(), c_int> {
-    let rec = registry().mrs.remove(&(mr as usize)).ok_or(libc::EINVAL)?;
+    let mut reg = registry();
+    if !reg.mrs.contains_key(&(mr as usize)) {
+        return Err(libc::EINVAL);
+    }
+    if config::get().as_ref().is_ok_and(|c| c.fail_dereg) {
+        return Err(libc::EBUSY);
+    }
+    let rec = reg.mrs.remove(&(mr as usize)).ok_or(libc::EINVAL)?;
+    drop(reg);
     rec.pd
         .regions
         .lock()

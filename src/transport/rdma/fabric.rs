@@ -9,6 +9,7 @@ use super::MAX_FRAME;
 use super::queue::{Completed, Completion, Undeliverable};
 use super::queue_pair::Qp;
 use super::verbs::status_name;
+use crate::config::log::Log;
 use crate::config::options::Spin;
 use crate::fabric::{
     Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Watch, blame,
@@ -121,6 +122,8 @@ pub struct RdmaFabric {
     watch: Watch,
     /// When a step that waits polls at once and when it yields the core between polls.
     waiter: Waiter,
+    /// Where the queue pairs report a failed teardown.
+    log: Log,
 }
 
 impl fmt::Debug for RdmaFabric {
@@ -145,6 +148,7 @@ impl RdmaFabric {
             heard: vec![None; size],
             watch: Watch::default(),
             waiter: Waiter::new(POLL),
+            log: Log::off(),
         }
     }
 
@@ -182,8 +186,17 @@ impl RdmaFabric {
         self.start = Instant::now();
     }
 
+    /// Reports the queue pairs' teardown failures (a memory region leaked) to `log`.
+    pub(crate) fn set_log(&mut self, log: Log) {
+        self.log = log;
+        for qp in &mut self.qps {
+            qp.log = log;
+        }
+    }
+
     /// Adds a queue pair under its channel.
-    pub(crate) fn add(&mut self, qp: Qp) {
+    pub(crate) fn add(&mut self, mut qp: Qp) {
+        qp.log = self.log;
         let Channel { peer, link } = qp.channel;
         let links = &mut self.by_peer[peer];
         if links.len() <= link {

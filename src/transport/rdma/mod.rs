@@ -10,6 +10,8 @@
 //!   carries which transfer, which message goes to which receive, what a completion means).
 //! - [`fabric`]: [`RdmaFabric`], the queue pairs of one rank, and its step loop.
 //! - [`memory`]: the page-aligned memory of registered frames.
+//! - [`limits`]: what a device allows (`ibv_query_device`), Apple's reported limits when it
+//!   cannot be asked.
 //!
 //! The backend (`crate::jaccl::rdma`) decides which queue pairs to open on which device and
 //! exchanges their details with the peers over JACCL's side channel.
@@ -20,20 +22,26 @@
 //! # Limits
 //!
 //! Per queue pair: 1 protection domain, 1 completion queue, [`IN_FLIGHT`] + [`RECV_AHEAD`]
-//! memory regions, a capacity of [`WORK_REQUESTS`] per queue. Apple's provider is reported to
-//! allow 10 queue pairs and 100 memory regions per device and 63 work requests per queue
-//! (`nuvec_verbs_abi::APPLE_MAX_*`); `jaccl::rdma::connect` counts what a configuration
-//! needs of each device and refuses one that would pass a limit before any queue pair exists.
+//! memory regions, a capacity of [`WORK_REQUESTS`] per queue. `jaccl::rdma::connect` asks
+//! each device it will open for its limits (`ibv_query_device`: users report 11 queue pairs
+//! on some Macs and 3 behind a hub), falling back to Apple's reported 10 queue pairs and 100
+//! memory regions per device and 63 work requests per queue (`nuvec_verbs_abi::APPLE_MAX_*`),
+//! counts what a configuration needs of each device and refuses one that would pass a limit
+//! before any queue pair exists.
 
 mod fabric;
+mod limits;
 mod memory;
 mod queue;
 mod queue_pair;
 mod verbs;
 
 pub use fabric::RdmaFabric;
+pub(crate) use limits::of_device as device_limits;
+pub use limits::{DeviceLimits, LimitSource};
+pub use queue_pair::leaked_regions;
 pub(crate) use queue_pair::{Local, Qp, Remote};
-pub use verbs::{NUVEC_JACCL_VERBS, Unavailable};
+pub use verbs::{NUVEC_JACCL_VERBS, Unavailable, load_library};
 pub(crate) use verbs::{check_available, device_names, verbs};
 
 /// The largest frame, and the size of every registered frame: MLX's largest size class,

@@ -4,6 +4,7 @@
 use std::io;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nuvec_verbs_abi as abi;
 
@@ -11,6 +12,7 @@ use super::memory::Region;
 use super::queue::{Completion, Queue, recv_id, send_id};
 use super::verbs::{DeviceList, Verbs, no_device_hint};
 use super::{IN_FLIGHT, MAX_FRAME, RECV_AHEAD, WORK_REQUESTS as MAX_WR};
+use crate::config::log::Log;
 use crate::fabric::Channel;
 
 /// The port every queue pair uses (MLX: 1).
@@ -73,8 +75,20 @@ pub(crate) struct Local {
     pub(crate) gid: [u8; 16],
 }
 
+/// Memory regions this process leaked: the device refused to deregister them, so their
+/// memory is never freed (see [`Qp`]'s drop).
+static LEAKED_REGIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many memory regions this process has leaked because `ibv_dereg_mr` failed: their
+/// memory stays allocated for the life of the process, since the device may still write
+/// into it.
+pub fn leaked_regions() -> usize {
+    LEAKED_REGIONS.load(Ordering::Relaxed)
+}
+
 /// A registered frame: the memory and its memory region (deregistered by [`Qp`]'s drop,
-/// before the memory is freed).
+/// before the memory is freed; a region the device will not deregister keeps its memory for
+/// the life of the process).
 pub(crate) struct Frame {
     mem: Region,
     mr: *mut abi::ibv_mr,
@@ -101,7 +115,8 @@ fn completion_of(wc: &abi::ibv_wc) -> Completion {
 }
 /// One queue pair with everything it owns: the device context, protection domain, completion
 /// queue and frames. The pointers are null until created; drop releases what exists in MLX's
-/// order.
+/// order, except that a frame whose memory region the device refuses to deregister is leaked,
+/// counted ([`leaked_regions`]) and logged, never freed: the device could still write into it.
 pub(crate) struct Qp {
     verbs: &'static Verbs,
     /// "device rdma_en3 (queue pair to rank 2, link 0)", for messages.
@@ -123,6 +138,8 @@ pub(crate) struct Qp {
     sent: u32,
     /// The step bookkeeping of its frames and messages.
     pub(crate) queue: Queue,
+    /// Where a failure of its teardown is reported.
+    pub(crate) log: Log,
 }
 
 // SAFETY: the verbs objects behind the pointers are not tied to the thread that created them
@@ -142,12 +159,29 @@ impl Drop for Qp {
             // SAFETY: `cq` was created by `ibv_create_cq`; its queue pair is gone.
             unsafe { (self.verbs.destroy_cq)(self.cq) };
         }
-        for frame in self.send.iter_mut().chain(self.recv.iter_mut()) {
-            if !frame.mr.is_null() {
-                // SAFETY: `mr` was registered by `ibv_reg_mr`; the queue pair that could use
-                // it is destroyed, and the memory is freed only after this (field drop).
-                unsafe { (self.verbs.dereg_mr)(frame.mr) };
-                frame.mr = ptr::null_mut();
+        let frames = std::mem::take(&mut self.send)
+            .into_iter()
+            .chain(std::mem::take(&mut self.recv));
+        for Frame { mem, mr, .. } in frames {
+            if mr.is_null() {
+                continue;
+            }
+            // SAFETY: `mr` was registered by `ibv_reg_mr` and is deregistered only here; the
+            // queue pair that could use it is destroyed, and its memory `mem` is freed only
+            // once this succeeds.
+            let rc = unsafe { (self.verbs.dereg_mr)(mr) };
+            if rc != 0 {
+                // The device still holds the region and may write into it: its memory is
+                // never freed (and never reused), whatever it costs.
+                std::mem::forget(mem);
+                let leaked = LEAKED_REGIONS.fetch_add(1, Ordering::Relaxed) + 1;
+                self.log.error(format_args!(
+                    "{}: ibv_dereg_mr of a {MAX_FRAME}-byte frame failed ({}): its memory is \
+                     leaked rather than freed while the device may still write into it \
+                     ({leaked} regions leaked in this process)",
+                    self.what,
+                    io::Error::from_raw_os_error(rc)
+                ));
             }
         }
         if !self.pd.is_null() {
@@ -190,6 +224,7 @@ impl Qp {
             numbered: true,
             sent: 0,
             queue: Queue::default(),
+            log: Log::off(),
         };
         qp.ctx = open_device(verbs, device)?;
         qp.ops = Some(qp.read_ops()?);

@@ -11,7 +11,11 @@
 //!   it), and on other systems `libibverbs.so.1`;
 //! - it is opened with `RTLD_NOW | RTLD_GLOBAL`, as MLX, and never closed (its providers keep
 //!   threads and state for the life of the process);
-//! - the 16 symbols of [`nuvec_verbs_abi::SYMBOLS`] are resolved into typed function pointers;
+//! - the first of the candidates that loads and has every function is used (one that loads
+//!   but lacks a function is passed over, and named if none serves);
+//! - the 16 symbols of [`nuvec_verbs_abi::SYMBOLS`] are resolved into typed function pointers,
+//!   and `ibv_query_device` when the library has it (MLX does not call it; the bring-up reads
+//!   each device's limits with it, see `limits.rs`);
 //!   the data path's `post_send`, `post_recv` and `poll_cq` are read from each opened
 //!   context's operation table, as `verbs.h`'s inline functions do;
 //! - [`Unavailable`] says which of the three conditions failed: the library did not load, a
@@ -97,6 +101,9 @@ pub(crate) struct Verbs {
     pub(crate) modify_qp: abi::ModifyQp,
     pub(crate) reg_mr: abi::RegMr,
     pub(crate) dereg_mr: abi::DeregMr,
+    /// `ibv_query_device`, not among MLX's 16: a library without it leaves the fabric on
+    /// Apple's reported limits.
+    pub(crate) query_device: Option<abi::QueryDevice>,
 }
 
 impl fmt::Debug for Verbs {
@@ -128,11 +135,22 @@ pub(crate) fn verbs() -> Result<&'static Verbs, Unavailable> {
         .map_err(Clone::clone)
 }
 
-/// Loads the first of `paths` that loads and resolves every symbol from it.
+/// Loads the first of `paths` that loads and resolves every function, as the fabric's own
+/// library is loaded, and returns the path it came from: for the project's tests, since the
+/// process's library is loaded once, from the environment.
+pub fn load_library(paths: &[OsString]) -> Result<String, Unavailable> {
+    load(paths).map(|verbs| verbs.library)
+}
+
+/// Loads the first of `paths` that loads and resolves every symbol from it, trying the next
+/// one after a library that does not load or lacks a function. When none serves: the first
+/// library that loaded but lacked a function, named with that function (the likelier mistake
+/// than a path that does not exist), else every path with the loader's reason.
 #[cfg(unix)]
 fn load(paths: &[OsString]) -> Result<Verbs, Unavailable> {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
     let mut tried = Vec::new();
+    let mut lacking = None;
     for path in paths {
         let shown = path.to_string_lossy().into_owned();
         // SAFETY: loading a library runs its initialisers; the verbs library (the system's,
@@ -146,47 +164,64 @@ fn load(paths: &[OsString]) -> Result<Verbs, Unavailable> {
                 continue;
             }
         };
-        // The library stays loaded for the life of the process: the pointers below are
-        // copied out of it.
+        // The library stays loaded for the life of the process, even one passed over (its
+        // initialisers have run, and unloading a C library is not always safe): the pointers
+        // below are copied out of it.
         let library: &'static Library = Box::leak(Box::new(library));
-        /// Resolves `name` as a function of type `T`.
-        fn get<T: Copy>(
-            library: &'static Library,
-            shown: &str,
-            name: &'static str,
-        ) -> Result<T, Unavailable> {
-            // SAFETY: `T` is the function type `nuvec_verbs_abi` declares for `name`, the
-            // prototype of `verbs.h` (checked against rdma-core's header by the layout test);
-            // the library is never unloaded, so the pointer stays valid.
-            let found = unsafe { library.get::<T>(name) };
-            found.map(|s| *s).map_err(|_| Unavailable::Symbol {
-                library: shown.to_owned(),
-                symbol: name,
-            })
+        match resolve(library, shown) {
+            Ok(verbs) => return Ok(verbs),
+            Err(e) => {
+                lacking.get_or_insert(e);
+            }
         }
-        let l = library;
-        let s = shown.as_str();
-        return Ok(Verbs {
-            get_device_list: get(l, s, abi::SYMBOLS[0])?,
-            get_device_name: get(l, s, abi::SYMBOLS[1])?,
-            open_device: get(l, s, abi::SYMBOLS[2])?,
-            free_device_list: get(l, s, abi::SYMBOLS[3])?,
-            close_device: get(l, s, abi::SYMBOLS[4])?,
-            alloc_pd: get(l, s, abi::SYMBOLS[5])?,
-            create_qp: get(l, s, abi::SYMBOLS[6])?,
-            create_cq: get(l, s, abi::SYMBOLS[7])?,
-            destroy_cq: get(l, s, abi::SYMBOLS[8])?,
-            destroy_qp: get(l, s, abi::SYMBOLS[9])?,
-            dealloc_pd: get(l, s, abi::SYMBOLS[10])?,
-            query_port: get(l, s, abi::SYMBOLS[11])?,
-            query_gid: get(l, s, abi::SYMBOLS[12])?,
-            modify_qp: get(l, s, abi::SYMBOLS[13])?,
-            reg_mr: get(l, s, abi::SYMBOLS[14])?,
-            dereg_mr: get(l, s, abi::SYMBOLS[15])?,
-            library: shown,
-        });
     }
-    Err(Unavailable::Library(tried))
+    Err(lacking.unwrap_or(Unavailable::Library(tried)))
+}
+
+/// Resolves every function of the table from `library`, loaded from `shown`; the optional
+/// `ibv_query_device` is `None` when it is missing.
+#[cfg(unix)]
+fn resolve(
+    library: &'static libloading::os::unix::Library,
+    shown: String,
+) -> Result<Verbs, Unavailable> {
+    /// Resolves `name` as a function of type `T`.
+    fn get<T: Copy>(
+        library: &'static libloading::os::unix::Library,
+        shown: &str,
+        name: &'static str,
+    ) -> Result<T, Unavailable> {
+        // SAFETY: `T` is the function type `nuvec_verbs_abi` declares for `name`, the
+        // prototype of `verbs.h` (checked against rdma-core's header by the layout test);
+        // the library is never unloaded, so the pointer stays valid.
+        let found = unsafe { library.get::<T>(name) };
+        found.map(|s| *s).map_err(|_| Unavailable::Symbol {
+            library: shown.to_owned(),
+            symbol: name,
+        })
+    }
+    let l = library;
+    let s = shown.as_str();
+    Ok(Verbs {
+        get_device_list: get(l, s, abi::SYMBOLS[0])?,
+        get_device_name: get(l, s, abi::SYMBOLS[1])?,
+        open_device: get(l, s, abi::SYMBOLS[2])?,
+        free_device_list: get(l, s, abi::SYMBOLS[3])?,
+        close_device: get(l, s, abi::SYMBOLS[4])?,
+        alloc_pd: get(l, s, abi::SYMBOLS[5])?,
+        create_qp: get(l, s, abi::SYMBOLS[6])?,
+        create_cq: get(l, s, abi::SYMBOLS[7])?,
+        destroy_cq: get(l, s, abi::SYMBOLS[8])?,
+        destroy_qp: get(l, s, abi::SYMBOLS[9])?,
+        dealloc_pd: get(l, s, abi::SYMBOLS[10])?,
+        query_port: get(l, s, abi::SYMBOLS[11])?,
+        query_gid: get(l, s, abi::SYMBOLS[12])?,
+        modify_qp: get(l, s, abi::SYMBOLS[13])?,
+        reg_mr: get(l, s, abi::SYMBOLS[14])?,
+        dereg_mr: get(l, s, abi::SYMBOLS[15])?,
+        query_device: get(l, s, abi::QUERY_DEVICE).ok(),
+        library: shown,
+    })
 }
 
 /// Loads nothing: the RDMA fabric runs on Unix systems only.
