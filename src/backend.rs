@@ -162,7 +162,7 @@ pub fn connect_jaccl(
         }
         .jaccl()
     })?;
-    let log = Log::new(options.log, rank);
+    let log = Log::new(options.log, rank).with_slow_after(options.warn_after);
     // As MLX's `is_available`, before any connection: a machine without the verbs library,
     // one of its functions or a device fails at once, saying which, instead of after the
     // side channel has waited for the other ranks.
@@ -179,20 +179,29 @@ pub fn connect_jaccl(
         .jaccl()
         .into());
     }
-    let mut side = SideChannel::connect(coordinator, rank, size, options.timeout)?;
+    // Bring-up has a deadline of its own, even without an operation timeout.
+    let setup = options.setup_timeout();
+    let mut side = SideChannel::connect(coordinator, rank, size, setup)?;
     // After bring-up the side channel watches the peers while operations wait (see
     // `jaccl::side_channel::protocol::liveness`).
     let watch = |side: SideChannel| -> Result<Watch, Error> {
-        let watcher: Box<dyn Liveness> = Box::new(side.into_watcher()?);
+        let watcher: Box<dyn Liveness> = Box::new(side.into_watcher(options.link_timeout)?);
         Ok(Watch::new(Some(watcher), options.progress))
     };
     match fabric {
         JacclFabric::Tcp => {
-            let (tcp, topology) = jaccl::tcp::connect(config, &mut side, options.timeout)?;
+            let (tcp, topology) = jaccl::tcp::connect(config, &mut side, setup)?;
             let ip = side
                 .local_ip()
                 .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-            let tcp = tcp.with_wait(options.spin).with_watch(watch(side)?);
+            let tcp = tcp
+                .with_wait(options.spin)
+                .with_watch(watch(side)?)
+                .with_link_timeout(options.link_timeout)
+                .map_err(|e| Error::Connect {
+                    rank,
+                    what: format!("jaccl: cannot set the cables' link timeout: {e}"),
+                })?;
             let splitter = Arc::new(TcpCables::new(topology, size, ip, log, options.spin));
             Ok(jaccl_group(
                 tcp,
@@ -205,7 +214,7 @@ pub fn connect_jaccl(
         }
         #[cfg(feature = "jaccl")]
         JacclFabric::Rdma => {
-            let mut rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
+            let mut rdma = jaccl::rdma::connect(config, &mut side, setup)?;
             rdma.set_watch(watch(side)?);
             rdma.set_wait(options.spin);
             // Sub-groups get new queue pairs on the same devices: this rank's devices toward
@@ -277,16 +286,21 @@ pub fn connect_ring(
         }
         .into());
     }
-    let log = Log::new(options.log, rank);
+    let log = Log::new(options.log, rank).with_slow_after(options.warn_after);
     let fabric = TcpFabric::connect_ring(
         nodes,
         rank,
-        options.timeout,
+        options.setup_timeout(),
         options.key.as_ref(),
         options.local_links,
         &log,
     )?
-    .with_wait(options.spin);
+    .with_wait(options.spin)
+    .with_link_timeout(options.link_timeout)
+    .map_err(|e| Error::Connect {
+        rank,
+        what: format!("cannot set the ring's link timeout: {e}"),
+    })?;
     let splitter = TcpRing::new(
         nodes[rank][0].clone(),
         conns,
@@ -314,12 +328,19 @@ fn cached(backend: Backend) -> Option<Group> {
     }
 }
 
-/// The options every backend reads from the environment: the timeout, the log level, the
-/// spin before parking, JACCL's progress timeout and whether links may be local.
+/// The options every backend reads from the environment: the timeout, the link timeout, the
+/// warning interval, the log level, the spin before parking, JACCL's progress timeout and
+/// whether links may be local.
 fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     let mut options = Options::default();
     if let Some(timeout) = env.timeout()? {
-        options.timeout = timeout;
+        options = options.timeout(timeout);
+    }
+    if let Some(limit) = env.link_timeout()? {
+        options = options.link_timeout(limit);
+    }
+    if let Some(after) = env.warn_after()? {
+        options.warn_after = after;
     }
     options.log = env.log_level()?;
     if let Some(spin) = env.spin()? {

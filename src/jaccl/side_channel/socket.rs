@@ -70,6 +70,13 @@ pub(super) fn write_some(
 /// (left in place) and the socket's pending error.
 pub(super) fn look(stream: &TcpStream) -> Look {
     if let Ok(Some(e)) = stream.take_error() {
+        if e.kind() == io::ErrorKind::TimedOut {
+            // The kernel gave up on the connection: its keepalive probes went unanswered.
+            return Look::Failed(format!(
+                "went silent: its keepalive probes went unanswered for the link timeout (a dead \
+                 host or a cut cable; {e})"
+            ));
+        }
         return Look::Failed(e.to_string());
     }
     let mut byte = [0u8; 1];
