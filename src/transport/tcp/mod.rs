@@ -268,14 +268,17 @@ fn failure(t: &Transfer<'_>, done: usize, e: &io::Error, limit: Duration) -> Fab
 }
 
 /// What socket error `e` means: the peer closed; the link went silent (the kernel gave up on
-/// it: `ETIMEDOUT`, see [`liveness`]); another error.
+/// it: `ETIMEDOUT`, or the "no route" its last retransmission met, as on the far side of a
+/// pulled cable; see [`liveness`]); another error.
 fn kind_of(e: &io::Error, limit: Duration) -> FailureKind {
     match e.kind() {
         io::ErrorKind::UnexpectedEof
         | io::ErrorKind::ConnectionReset
         | io::ErrorKind::ConnectionAborted
         | io::ErrorKind::BrokenPipe => FailureKind::Closed,
-        io::ErrorKind::TimedOut => FailureKind::Silent { limit },
+        io::ErrorKind::TimedOut
+        | io::ErrorKind::HostUnreachable
+        | io::ErrorKind::NetworkUnreachable => FailureKind::Silent { limit },
         _ => FailureKind::Transport(e.to_string()),
     }
 }
@@ -722,8 +725,20 @@ impl TcpFabric {
         let limit = self.link_timeout;
         for (peer, row) in self.links.iter().enumerate() {
             for (link, l) in row.iter().enumerate() {
-                let kind = match l.stream.take_error() {
-                    Ok(Some(e)) => Some(kind_of(&e, limit)),
+                // A peek returns the connection's hard error only (a reset, the kernel giving
+                // up), where `SO_ERROR` also returns a soft one, such as the "no route to
+                // host" of a glitch the connection survives. The end of a stream is left to
+                // the step that reads it: a peer may leave after its last operation.
+                let mut byte = [0u8; 1];
+                let kind = match l.stream.peek(&mut byte) {
+                    Err(e)
+                        if !matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                        ) =>
+                    {
+                        Some(kind_of(&e, limit))
+                    }
                     _ => (liveness::silent(&l.stream, limit) == Some(true))
                         .then_some(FailureKind::Silent { limit }),
                 };
