@@ -473,6 +473,46 @@ mod tests {
     }
 
     #[test]
+    fn the_environment_sets_the_backstop_the_link_timeout_and_the_warnings_and_setup_keeps_a_deadline()
+     {
+        use std::time::Duration;
+        let defaults = options_from(&Env::from_fn(&none)).expect("defaults");
+        assert_eq!(defaults.timeout, Duration::from_secs(600));
+        assert_eq!(defaults.setup_timeout(), Duration::from_secs(30));
+        assert_eq!(defaults.link_timeout, Duration::from_secs(15));
+        assert_eq!(defaults.warn_after, Some(Duration::from_secs(30)));
+        let lookup = |name: &str| match name {
+            "NUVEC_DISTRIBUTED_TIMEOUT" => Some(OsString::from("0")),
+            "NUVEC_DISTRIBUTED_LINK_TIMEOUT" => Some(OsString::from("4")),
+            "NUVEC_DISTRIBUTED_WARN_AFTER" => Some(OsString::from("0")),
+            _ => None,
+        };
+        let options = options_from(&Env::from_fn(&lookup)).expect("options");
+        assert_eq!(options.timeout, Duration::ZERO, "no operation timeout");
+        assert_eq!(options.setup_timeout(), Duration::from_secs(30));
+        assert_eq!(options.link_timeout, Duration::from_secs(4));
+        assert_eq!(options.warn_after, None);
+        let lookup = |name: &str| match name {
+            "NUVEC_DISTRIBUTED_TIMEOUT" => Some(OsString::from("45")),
+            "NUVEC_DISTRIBUTED_WARN_AFTER" => Some(OsString::from("2.5")),
+            _ => None,
+        };
+        let options = options_from(&Env::from_fn(&lookup)).expect("options");
+        assert_eq!(options.timeout, Duration::from_secs(45));
+        assert_eq!(options.setup_timeout(), Duration::from_secs(45));
+        assert_eq!(options.warn_after, Some(Duration::from_millis(2500)));
+        let lookup = |name: &str| match name {
+            "NUVEC_DISTRIBUTED_LINK_TIMEOUT" => Some(OsString::from("soon")),
+            _ => None,
+        };
+        let e = options_from(&Env::from_fn(&lookup)).expect_err("not seconds");
+        assert!(
+            e.to_string().contains("NUVEC_DISTRIBUTED_LINK_TIMEOUT"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_timeout_from_the_environment_too_large_for_a_deadline_forms_a_group() {
         // 1e19 s is a value `NUVEC_DISTRIBUTED_TIMEOUT` accepts; added to now it overflows an
         // `Instant`.
