@@ -35,6 +35,16 @@
 //! versions and to other machines stay TCP, byte for byte MLX's;
 //! [`Options::local_links`](crate::Options::local_links) turns local links off.
 //!
+//! Every connection (and a local link's TCP doorbell) is watched by the kernel for liveness:
+//! keepalive probes while idle, a capped retransmission backoff while sending, both set from
+//! the link timeout ([`Options::link_timeout`](crate::Options::link_timeout), 15 s), and a
+//! waiting step looks at every link's error and, on Linux, at whether its sent bytes have gone
+//! unacknowledged for the link timeout (the private `liveness` module says why not
+//! `TCP_USER_TIMEOUT`). A link that went silent fails the step at once as
+//! [`FailureKind::Silent`], naming its peer, whether or not the step waits on it; a peer that
+//! is only busy keeps acknowledging and is waited for, the step handing the communicator's
+//! [`Patience`] what it waits for every warning interval. None of it puts a byte on the wire.
+//!
 //! Receives never read past their own end, so the bytes of the next operation stay in the
 //! socket for it: the stream stays aligned with MLX's. No read or write asks for more than
 //! 1 GiB at a time (macOS fails socket calls above `INT_MAX` bytes; see the private `limits`
