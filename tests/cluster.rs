@@ -982,6 +982,53 @@ fn a_cable_pulled_during_a_jaccl_collective_over_rdma_fails_every_rank_by_its_de
     }
 }
 
+/// A JACCL mesh of 3 hosts over the RDMA fabric on the software provider's TCP wire, with no
+/// operation timeout set (the default, 10 minutes) and a 5 s link timeout: host 2's cable is
+/// pulled during a stream of 4 MiB all_sums. The provider's wire has no liveness of this
+/// crate's, so only JACCL's side channel can tell: its keepalive finds host 2 dead although
+/// its process never closed a socket, and every rank fails within the link timeout plus 2 s,
+/// naming a peer.
+#[cfg(feature = "jaccl")]
+#[test]
+fn a_cable_pulled_during_a_jaccl_collective_is_found_by_the_side_channels_keepalive() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    let dir = procs::scratch("jaccl-pulled-keepalive");
+    let devices = dir.join("devices.json");
+    std::fs::write(
+        &devices,
+        r#"[[null, "rdma_en1", "rdma_en2"], ["rdma_en1", null, "rdma_en3"], ["rdma_en2", "rdma_en3", null]]"#,
+    )
+    .expect("the device file");
+    let link = Duration::from_secs(5);
+    let env = [
+        ("NUVEC_CLUSTER_JACCL", "1".to_owned()),
+        ("MLX_IBV_DEVICES", devices.display().to_string()),
+        ("MLX_JACCL_COORDINATOR", format!("{}:6100", c.hosts[0].addr)),
+        ("NUVEC_JACCL_FABRIC", "rdma".to_owned()),
+        ("NUVEC_JACCL_VERBS", emu::library().display().to_string()),
+        ("NUVEC_VERBS_EMU_WIRE", "tcp".to_owned()),
+        ("NUVEC_DISTRIBUTED_LINK_TIMEOUT", link.as_secs().to_string()),
+        ("NUVEC_CLUSTER_ITERS", "100000".to_owned()),
+        ("NUVEC_CLUSTER_BYTES", (4 << 20).to_string()),
+    ];
+    let children = spawn_loop(&c, &dir, &[0, 1, 2], &[], &env);
+    let logs: Vec<PathBuf> = children.iter().map(|(_, l)| l.clone()).collect();
+    wait_for_line(&logs, "ITER 0", Duration::from_secs(30));
+    let pulled = unix_ms();
+    c.pull(2);
+    let done = wait_all(children, link * 3 + Duration::from_secs(10));
+    c.plug(2);
+    every_rank_failed_naming_a_peer(
+        &done,
+        pulled,
+        link + Duration::from_secs(2),
+        "pulled cable, JACCL mesh over RDMA, no operation timeout, 5 s link timeout (host 2 of 3)",
+    );
+}
+
 /// One ring of 2 hosts with `timeout`, a cable pulled for `outage` during a stream of
 /// all_sums: whether every rank completed with the right result.
 fn glitch(c: &Cluster, timeout: Duration, outage: Duration) -> (bool, String) {
