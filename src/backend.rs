@@ -165,7 +165,7 @@ pub fn connect_jaccl(
         }
         .jaccl()
     })?;
-    let log = Log::new(options.log, rank);
+    let log = Log::new(options.log, rank).with_slow_after(options.warn_after);
     // As MLX's `is_available`, before any connection: a machine without the verbs library,
     // one of its functions or a device fails at once, saying which, instead of after the
     // side channel has waited for the other ranks.
@@ -182,20 +182,29 @@ pub fn connect_jaccl(
         .jaccl()
         .into());
     }
-    let mut side = SideChannel::connect(coordinator, rank, size, options.timeout)?;
+    // Bring-up has a deadline of its own, even without an operation timeout.
+    let setup = options.setup_timeout();
+    let mut side = SideChannel::connect(coordinator, rank, size, setup)?;
     // After bring-up the side channel watches the peers while operations wait (see
     // `jaccl::side_channel::protocol::liveness`).
     let watch = |side: SideChannel| -> Result<Watch, Error> {
-        let watcher: Box<dyn Liveness> = Box::new(side.into_watcher()?);
+        let watcher: Box<dyn Liveness> = Box::new(side.into_watcher(options.link_timeout)?);
         Ok(Watch::new(Some(watcher), options.progress))
     };
     match fabric {
         JacclFabric::Tcp => {
-            let (tcp, topology) = jaccl::tcp::connect(config, &mut side, options.timeout)?;
+            let (tcp, topology) = jaccl::tcp::connect(config, &mut side, setup)?;
             let ip = side
                 .local_ip()
                 .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-            let tcp = tcp.with_wait(options.spin).with_watch(watch(side)?);
+            let tcp = tcp
+                .with_wait(options.spin)
+                .with_watch(watch(side)?)
+                .with_link_timeout(options.link_timeout)
+                .map_err(|e| Error::Connect {
+                    rank,
+                    what: format!("jaccl: cannot set the cables' link timeout: {e}"),
+                })?;
             let splitter = Arc::new(TcpCables::new(topology, size, ip, log, options.spin));
             Ok(jaccl_group(
                 tcp,
@@ -208,7 +217,7 @@ pub fn connect_jaccl(
         }
         #[cfg(feature = "jaccl")]
         JacclFabric::Rdma => {
-            let mut rdma = jaccl::rdma::connect(config, &mut side, options.timeout)?;
+            let mut rdma = jaccl::rdma::connect(config, &mut side, setup)?;
             rdma.set_watch(watch(side)?);
             rdma.set_wait(options.spin);
             rdma.set_log(log);
@@ -281,18 +290,23 @@ pub fn connect_ring(
         }
         .into());
     }
-    let log = Log::new(options.log, rank);
+    let log = Log::new(options.log, rank).with_slow_after(options.warn_after);
     let started = std::time::Instant::now();
     let mut fabric = TcpFabric::connect_ring(
         nodes,
         rank,
-        options.timeout,
+        options.setup_timeout(),
         options.key.as_ref(),
         options.local_links,
         options.wire,
         &log,
     )?
-    .with_wait(options.spin);
+    .with_wait(options.spin)
+    .with_link_timeout(options.link_timeout)
+    .map_err(|e| Error::Connect {
+        rank,
+        what: format!("cannot set the ring's link timeout: {e}"),
+    })?;
     let wire = agree_on_wire(&mut fabric, nodes, rank, options, &log)?;
     log.info(format_args!("setup took {:?}", started.elapsed()));
     let splitter = TcpRing::new(
@@ -338,7 +352,7 @@ fn agree_on_wire(
         Side::Left => left.get(c).copied().flatten(),
     };
     let started = std::time::Instant::now();
-    let agreed = agree::agree(fabric, ring, options.wire, &known, options.timeout)?;
+    let agreed = agree::agree(fabric, ring, options.wire, &known, options.setup_timeout())?;
     let took = started.elapsed();
     let unfit = agreed.unfit.map(|u| {
         let acceptor = u.acceptor(size);
@@ -377,13 +391,19 @@ fn cached(backend: Backend) -> Option<Group> {
     }
 }
 
-/// The options every backend reads from the environment: the timeout, the log level, the
-/// spin before parking, JACCL's progress timeout, whether links may be local and which wire
-/// the ring may speak (JACCL speaks MLX's and ignores it).
+/// The options every backend reads from the environment: the timeout, the link timeout, the
+/// warning interval, the log level, the spin before parking, JACCL's progress timeout, whether
+/// links may be local and which wire the ring may speak (JACCL speaks MLX's and ignores it).
 fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     let mut options = Options::default();
     if let Some(timeout) = env.timeout()? {
-        options.timeout = timeout;
+        options = options.timeout(timeout);
+    }
+    if let Some(limit) = env.link_timeout()? {
+        options = options.link_timeout(limit);
+    }
+    if let Some(after) = env.warn_after()? {
+        options.warn_after = after;
     }
     options.log = env.log_level()?;
     if let Some(spin) = env.spin()? {
@@ -540,6 +560,46 @@ mod tests {
         let group = init_from(&Env::from_fn(&lookup), true, Backend::Ring).expect("one rank");
         assert_eq!(group.size(), 1);
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_environment_sets_the_backstop_the_link_timeout_and_the_warnings_and_setup_keeps_a_deadline()
+     {
+        use std::time::Duration;
+        let defaults = options_from(&Env::from_fn(&none)).expect("defaults");
+        assert_eq!(defaults.timeout, Duration::from_secs(600));
+        assert_eq!(defaults.setup_timeout(), Duration::from_secs(30));
+        assert_eq!(defaults.link_timeout, Duration::from_secs(15));
+        assert_eq!(defaults.warn_after, Some(Duration::from_secs(30)));
+        let lookup = |name: &str| match name {
+            "NUVEC_DISTRIBUTED_TIMEOUT" => Some(OsString::from("0")),
+            "NUVEC_DISTRIBUTED_LINK_TIMEOUT" => Some(OsString::from("4")),
+            "NUVEC_DISTRIBUTED_WARN_AFTER" => Some(OsString::from("0")),
+            _ => None,
+        };
+        let options = options_from(&Env::from_fn(&lookup)).expect("options");
+        assert_eq!(options.timeout, Duration::ZERO, "no operation timeout");
+        assert_eq!(options.setup_timeout(), Duration::from_secs(30));
+        assert_eq!(options.link_timeout, Duration::from_secs(4));
+        assert_eq!(options.warn_after, None);
+        let lookup = |name: &str| match name {
+            "NUVEC_DISTRIBUTED_TIMEOUT" => Some(OsString::from("45")),
+            "NUVEC_DISTRIBUTED_WARN_AFTER" => Some(OsString::from("2.5")),
+            _ => None,
+        };
+        let options = options_from(&Env::from_fn(&lookup)).expect("options");
+        assert_eq!(options.timeout, Duration::from_secs(45));
+        assert_eq!(options.setup_timeout(), Duration::from_secs(45));
+        assert_eq!(options.warn_after, Some(Duration::from_millis(2500)));
+        let lookup = |name: &str| match name {
+            "NUVEC_DISTRIBUTED_LINK_TIMEOUT" => Some(OsString::from("soon")),
+            _ => None,
+        };
+        let e = options_from(&Env::from_fn(&lookup)).expect_err("not seconds");
+        assert!(
+            e.to_string().contains("NUVEC_DISTRIBUTED_LINK_TIMEOUT"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -38,7 +38,11 @@
 //!
 //! # Failures
 //!
-//! Every operation has a deadline ([`Options::timeout`]). Arguments are checked before a byte
+//! Every wait is bounded: a link that goes silent (a cut cable, a dead host) fails the
+//! operation within the link timeout ([`Options::link_timeout`], 15 s), and the operation
+//! timeout ([`Options::timeout`], 10 minutes, or none) is a backstop against a peer that is
+//! alive but never comes; a healthy peer that is slow only makes the waiting ranks say so
+//! ([`Options::warn_after`]). Arguments are checked before a byte
 //! moves (an unsupported dtype, a wrong size, a peer that is not a neighbour: an
 //! `InvalidArgument` error, and the group stays usable). Any failure on the wire fails the
 //! group: the error names this rank, the operation and its sequence number, the peer, the link,
@@ -68,7 +72,10 @@ mod transport;
 pub use backend::{Backend, RingGroup, connect_jaccl, connect_ring, is_available};
 pub use collective::reduce;
 pub use config::hostfile;
-pub use config::options::{DEFAULT_SPIN, MAX_SPIN, Options, Wire, WireChoice};
+pub use config::options::{
+    DEFAULT_LINK_TIMEOUT, DEFAULT_SETUP_TIMEOUT, DEFAULT_SPIN, DEFAULT_TIMEOUT, DEFAULT_WARN_AFTER,
+    MAX_SPIN, Options, Wire, WireChoice,
+};
 pub use config::{AddressProblem, ConfigError, FileKind, HostfileProblem, RankProblem};
 pub use error::Error;
 pub use jaccl::JacclFabric;

@@ -120,14 +120,23 @@ fn loop_rank() {
     let nodes: Vec<Vec<String>> =
         serde_json::from_str(&env_or("NUVEC_CLUSTER_NODES", "[]")).expect("the nodes");
     let rank: usize = env_or("NUVEC_CLUSTER_RANK", "0").parse().expect("rank");
-    let timeout: u64 = env_or("NUVEC_CLUSTER_TIMEOUT_MS", "10000")
-        .parse()
-        .expect("timeout");
+    // "default": the operation timeout left at its default.
+    let timeout = env_or("NUVEC_CLUSTER_TIMEOUT_MS", "10000");
     let iters: usize = env_or("NUVEC_CLUSTER_ITERS", "1").parse().expect("iters");
     let bytes: usize = env_or("NUVEC_CLUSTER_BYTES", "4096")
         .parse()
         .expect("bytes");
-    let mut options = Options::new().timeout(Duration::from_millis(timeout));
+    let mut options = match timeout.as_str() {
+        "default" => Options::new(),
+        ms => Options::new().timeout(Duration::from_millis(ms.parse().expect("timeout"))),
+    };
+    if let Ok(ms) = std::env::var("NUVEC_CLUSTER_LINK_TIMEOUT_MS") {
+        options = options.link_timeout(Duration::from_millis(ms.parse().expect("link timeout")));
+    }
+    // A pause after each all_sum: the links idle between collectives.
+    let pause: u64 = env_or("NUVEC_CLUSTER_PAUSE_MS", "0")
+        .parse()
+        .expect("pause");
     if let Ok(key) = std::env::var("NUVEC_CLUSTER_KEY") {
         options = options.key(key).expect("a key");
     }
@@ -177,6 +186,10 @@ fn loop_rank() {
                     "iteration {i}: element {wrong:?} is not {want}"
                 );
                 println!("ITER {i} ms={}", op.elapsed().as_millis());
+                if pause > 0 {
+                    // Work elsewhere between collectives: a fixed pause, not a wait.
+                    std::thread::sleep(Duration::from_millis(pause));
+                }
             }
             Err(e) => {
                 println!(
@@ -673,6 +686,27 @@ fn with_a_pulled_cable(
     name: &str,
     n: usize,
     timeout: Duration,
+    work: (usize, usize),
+    cut: usize,
+    outage: Option<Duration>,
+) -> (Vec<(Option<i32>, String, u128)>, u128) {
+    let env = [("NUVEC_CLUSTER_TIMEOUT_MS", timeout.as_millis().to_string())];
+    let limit = timeout * 3 + Duration::from_secs(10);
+    pull_a_cable(c, name, n, &env, limit, work, cut, outage)
+}
+
+/// [`with_a_pulled_cable`] with the ranks' `env` (their timeouts, a pause between
+/// collectives) and the bound `limit` of the wait for them after the pull.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the job's shape, one argument each"
+)]
+fn pull_a_cable(
+    c: &Cluster,
+    name: &str,
+    n: usize,
+    env: &[(&str, String)],
+    limit: Duration,
     (iters, bytes): (usize, usize),
     cut: usize,
     outage: Option<Duration>,
@@ -680,17 +714,14 @@ fn with_a_pulled_cable(
     let dir = procs::scratch(name);
     let hosts: Vec<usize> = (0..n).collect();
     let nodes = nodes(c, &hosts, 1, false);
-    let env = [
-        ("NUVEC_CLUSTER_ITERS", iters.to_string()),
-        ("NUVEC_CLUSTER_BYTES", bytes.to_string()),
-        ("NUVEC_CLUSTER_TIMEOUT_MS", timeout.as_millis().to_string()),
-    ];
+    let mut env = env.to_vec();
+    env.push(("NUVEC_CLUSTER_ITERS", iters.to_string()));
+    env.push(("NUVEC_CLUSTER_BYTES", bytes.to_string()));
     let children = spawn_loop(c, &dir, &hosts, &nodes, &env);
     let logs: Vec<PathBuf> = children.iter().map(|(_, l)| l.clone()).collect();
     wait_for_line(&logs, "ITER 0", Duration::from_secs(30));
     let pulled = unix_ms();
     c.pull(cut);
-    let limit = timeout * 3 + Duration::from_secs(10);
     let results = match outage {
         Some(outage) => {
             let plug_at = Instant::now() + outage;
@@ -746,6 +777,146 @@ fn a_cable_pulled_during_a_collective_fails_every_rank_by_its_deadline_naming_a_
             ended.saturating_sub(pulled)
         );
     }
+}
+
+/// Checks that every rank of `done` failed within `within` of the pull at `pulled`, naming a
+/// peer, and prints the measurements as `what`.
+fn every_rank_failed_naming_a_peer(
+    done: &[(Option<i32>, String, u128)],
+    pulled: u128,
+    within: Duration,
+    what: &str,
+) {
+    for (r, (code, out, ended)) in done.iter().enumerate() {
+        assert_eq!(*code, Some(1), "rank {r}\n{}", dump(done));
+        let failed = field(out, "FAILED", "at").unwrap_or_else(|| panic!("{}", dump(done)));
+        let detect = failed.saturating_sub(pulled);
+        let line = out.lines().find(|l| l.starts_with("FAILED")).unwrap_or("");
+        assert!(
+            line.contains("rank"),
+            "rank {r}'s error names no peer: {line}"
+        );
+        assert!(
+            detect <= within.as_millis(),
+            "rank {r} failed {detect} ms after the pull, not within {within:?}\n{}",
+            dump(done)
+        );
+        eprintln!(
+            "MEASURED {what}: rank {r} failed {detect} ms after the pull, exited {} ms after: \
+             {line}",
+            ended.saturating_sub(pulled)
+        );
+    }
+}
+
+#[test]
+fn with_the_default_timeout_a_cable_pulled_during_a_collective_fails_every_rank_within_the_link_timeout()
+ {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    // The operation timeout at its default (10 minutes): the link timeout alone decides.
+    let link = nuvec_distributed::DEFAULT_LINK_TIMEOUT;
+    let env = [("NUVEC_CLUSTER_TIMEOUT_MS", "default".to_owned())];
+    let (done, pulled) = pull_a_cable(
+        &c,
+        "pulled-default",
+        3,
+        &env,
+        link * 3,
+        (100_000, 4 << 20),
+        2,
+        None,
+    );
+    every_rank_failed_naming_a_peer(
+        &done,
+        pulled,
+        link + Duration::from_secs(2),
+        "pulled cable during a collective, default timeouts (host 2 of 3)",
+    );
+}
+
+#[test]
+fn with_the_default_timeout_a_cable_pulled_between_collectives_fails_every_rank_within_the_link_timeout()
+ {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    // Ranks that pause for longer than the link timeout after each all_sum: the cable is
+    // pulled while every link is idle, and only keepalive can tell. Every rank's next
+    // all_sum then fails at once (within a second of its start) as a silent link.
+    let link = Duration::from_secs(5);
+    let pause = Duration::from_secs(8);
+    let env = [
+        ("NUVEC_CLUSTER_TIMEOUT_MS", "default".to_owned()),
+        (
+            "NUVEC_CLUSTER_LINK_TIMEOUT_MS",
+            link.as_millis().to_string(),
+        ),
+        ("NUVEC_CLUSTER_PAUSE_MS", pause.as_millis().to_string()),
+    ];
+    let (done, pulled) = pull_a_cable(
+        &c,
+        "pulled-idle",
+        3,
+        &env,
+        link * 3 + pause,
+        (100, 4096),
+        2,
+        None,
+    );
+    every_rank_failed_naming_a_peer(
+        &done,
+        pulled,
+        pause + Duration::from_secs(2),
+        "pulled cable between collectives, 5 s link timeout (host 2 of 3)",
+    );
+    for (r, (_, out, _)) in done.iter().enumerate() {
+        let line = out.lines().find(|l| l.starts_with("FAILED")).unwrap_or("");
+        assert!(
+            field(out, "FAILED", "op_ms").unwrap_or(u128::MAX) < 1000,
+            "rank {r}'s next all_sum did not fail at once: {line}"
+        );
+        assert!(line.contains("went silent"), "rank {r}: {line}");
+    }
+}
+
+#[test]
+fn a_glitch_shorter_than_seventy_percent_of_the_link_timeout_is_survived_with_the_default_timeouts()
+{
+    let _one = exclusive();
+    let Some(c) = cluster::make(2, "1gbit") else {
+        return;
+    };
+    let link = nuvec_distributed::DEFAULT_LINK_TIMEOUT;
+    let outage = link.mul_f64(0.7) - Duration::from_millis(500);
+    let env = [("NUVEC_CLUSTER_TIMEOUT_MS", "default".to_owned())];
+    let started = Instant::now();
+    let (done, _) = pull_a_cable(
+        &c,
+        "glitch-default",
+        2,
+        &env,
+        link * 3,
+        (200 + (outage.as_millis() as usize) / 10, 1 << 20),
+        1,
+        Some(outage),
+    );
+    let ok = done
+        .iter()
+        .all(|(code, out, _)| *code == Some(0) && out.contains("DONE"));
+    assert!(
+        ok,
+        "a {outage:?} outage under a {link:?} link timeout:\n{}",
+        dump(&done)
+    );
+    eprintln!(
+        "MEASURED glitch of {outage:?} (link timeout {link:?}, default operation timeout) \
+         survived; the job took {:?}",
+        started.elapsed()
+    );
 }
 
 /// A JACCL mesh of 3 hosts over the RDMA fabric on the software provider's TCP wire: host 2's
@@ -809,6 +980,53 @@ fn a_cable_pulled_during_a_jaccl_collective_over_rdma_fails_every_rank_by_its_de
             ended.saturating_sub(pulled)
         );
     }
+}
+
+/// A JACCL mesh of 3 hosts over the RDMA fabric on the software provider's TCP wire, with no
+/// operation timeout set (the default, 10 minutes) and a 5 s link timeout: host 2's cable is
+/// pulled during a stream of 4 MiB all_sums. The provider's wire has no liveness of this
+/// crate's, so only JACCL's side channel can tell: its keepalive finds host 2 dead although
+/// its process never closed a socket, and every rank fails within the link timeout plus 2 s,
+/// naming a peer.
+#[cfg(feature = "jaccl")]
+#[test]
+fn a_cable_pulled_during_a_jaccl_collective_is_found_by_the_side_channels_keepalive() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    let dir = procs::scratch("jaccl-pulled-keepalive");
+    let devices = dir.join("devices.json");
+    std::fs::write(
+        &devices,
+        r#"[[null, "rdma_en1", "rdma_en2"], ["rdma_en1", null, "rdma_en3"], ["rdma_en2", "rdma_en3", null]]"#,
+    )
+    .expect("the device file");
+    let link = Duration::from_secs(5);
+    let env = [
+        ("NUVEC_CLUSTER_JACCL", "1".to_owned()),
+        ("MLX_IBV_DEVICES", devices.display().to_string()),
+        ("MLX_JACCL_COORDINATOR", format!("{}:6100", c.hosts[0].addr)),
+        ("NUVEC_JACCL_FABRIC", "rdma".to_owned()),
+        ("NUVEC_JACCL_VERBS", emu::library().display().to_string()),
+        ("NUVEC_VERBS_EMU_WIRE", "tcp".to_owned()),
+        ("NUVEC_DISTRIBUTED_LINK_TIMEOUT", link.as_secs().to_string()),
+        ("NUVEC_CLUSTER_ITERS", "100000".to_owned()),
+        ("NUVEC_CLUSTER_BYTES", (4 << 20).to_string()),
+    ];
+    let children = spawn_loop(&c, &dir, &[0, 1, 2], &[], &env);
+    let logs: Vec<PathBuf> = children.iter().map(|(_, l)| l.clone()).collect();
+    wait_for_line(&logs, "ITER 0", Duration::from_secs(30));
+    let pulled = unix_ms();
+    c.pull(2);
+    let done = wait_all(children, link * 3 + Duration::from_secs(10));
+    c.plug(2);
+    every_rank_failed_naming_a_peer(
+        &done,
+        pulled,
+        link + Duration::from_secs(2),
+        "pulled cable, JACCL mesh over RDMA, no operation timeout, 5 s link timeout (host 2 of 3)",
+    );
 }
 
 /// One ring of 2 hosts with `timeout`, a cable pulled for `outage` during a stream of

@@ -9,11 +9,17 @@
 //! that the caller can cause are found before anything is sent ([`Core::invalid`]) and leave
 //! the group usable.
 //!
+//! An operation's deadline is its start plus the communicator's timeout, or none when the
+//! timeout is zero (the fabric's link liveness still bounds every wait). While it waits, the
+//! fabric tells the core's [`Reporter`] what for, which logs it every interval
+//! (`NUVEC_DISTRIBUTED_WARN_AFTER`, see [`patience`](super::patience)).
+//!
 //! Uses the fabric trait, the crate's errors and its log; nothing of either backend.
 
 use std::sync::PoisonError;
 use std::time::Duration;
 
+use crate::collective::patience::{Reporter, Running};
 use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::{Fabric, FabricError};
@@ -93,11 +99,16 @@ impl<F: Fabric, S> State<F, S> {
     /// Runs one operation of `rank` whose arguments the caller has checked: refuses it if the
     /// group failed or closed, then runs `body` with a deadline `timeout` away and fails the
     /// group if it fails (logging the error to `log`).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the operation's context, passed through"
+    )]
     pub(crate) fn operate(
         &mut self,
         rank: usize,
         timeout: Duration,
         log: &Log,
+        running: &Running,
         op: &'static str,
         bytes: usize,
         body: impl FnOnce(&mut F, &mut S, Duration) -> Result<(), FabricError>,
@@ -119,7 +130,15 @@ impl<F: Fabric, S> State<F, S> {
             self.history.pop_front();
         }
         self.history.push_back((seq, op, start));
-        let result = body(fabric, &mut self.scratch, start + timeout);
+        // A zero timeout is none: the deadline never comes.
+        let deadline = if timeout.is_zero() {
+            Duration::MAX
+        } else {
+            start.saturating_add(timeout)
+        };
+        running.begin(seq, op, bytes, start, log.slow_after());
+        let result = body(fabric, &mut self.scratch, deadline);
+        running.end();
         if let Err(source) = result {
             let waited = fabric.now().saturating_sub(start);
             // The peer this rank was waiting for may only have given up because another one
@@ -164,6 +183,8 @@ pub(crate) struct Core<F, S> {
     /// The deadline of every operation, in nanoseconds (changeable while in use).
     timeout: std::sync::atomic::AtomicU64,
     log: Log,
+    /// The operation running, for the reports of a long wait.
+    running: Running,
     state: Mutex<State<F, S>>,
 }
 
@@ -179,6 +200,7 @@ impl<F: Fabric, S> Core<F, S> {
             rank,
             timeout: std::sync::atomic::AtomicU64::new(0),
             log: Log::off(),
+            running: Running::default(),
             state: Mutex::new(State::new(fabric, scratch)),
         };
         core.set_timeout(timeout);
@@ -190,9 +212,15 @@ impl<F: Fabric, S> Core<F, S> {
         self.lock().close_on_failure = on;
     }
 
-    /// Prints failures to `log`.
+    /// Prints failures to `log`, and operations that wait long (see
+    /// [`Log::slow_after`]).
     pub(crate) fn set_log(&mut self, log: Log) {
         self.log = log;
+        if let Some(every) = log.slow_after()
+            && let Some(fabric) = self.lock().fabric.as_mut()
+        {
+            fabric.set_patience(Box::new(Reporter::new(self.running.clone(), log, every)));
+        }
     }
 
     pub(crate) fn timeout(&self) -> Duration {
@@ -244,7 +272,14 @@ impl<F: Fabric, S> Core<F, S> {
         bytes: usize,
         body: impl FnOnce(&mut F, &mut S, Duration) -> Result<(), FabricError>,
     ) -> Result<(), Error> {
-        self.lock()
-            .operate(self.rank, self.timeout(), &self.log, op, bytes, body)
+        self.lock().operate(
+            self.rank,
+            self.timeout(),
+            &self.log,
+            &self.running,
+            op,
+            bytes,
+            body,
+        )
     }
 }

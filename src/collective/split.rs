@@ -274,7 +274,13 @@ pub(crate) fn split_over<F>(
             what: format!("split: rank {r} claims {n} bytes of addresses (at most {MAX_GATHERED})"),
         })
     };
-    let made = splitter.sub_fabric(&plan, &mut exchange, parent.timeout)?;
+    // Connections need a deadline even when the parent has no operation timeout.
+    let setup = if parent.timeout.is_zero() {
+        crate::config::options::DEFAULT_SETUP_TIMEOUT
+    } else {
+        parent.timeout
+    };
+    let made = splitter.sub_fabric(&plan, &mut exchange, setup)?;
     Ok(match made {
         None => Arc::new(Alone),
         Some(sub) => child(sub),

@@ -5,7 +5,9 @@
 //! | `MLX_HOSTFILE` | path of the ring hostfile (see [`crate::config::hostfile`]) |
 //! | `MLX_RANK` | this process's rank, a non-negative integer below the hostfile's size |
 //! | `MLX_RING_VERBOSE` | present (any value): log at least at `info` |
-//! | `NUVEC_DISTRIBUTED_TIMEOUT` | per-operation timeout, positive finite seconds |
+//! | `NUVEC_DISTRIBUTED_TIMEOUT` | the backstop of every operation, non-negative finite seconds (default 600), `0`: none |
+//! | `NUVEC_DISTRIBUTED_LINK_TIMEOUT` | how long a link may go silent (no acknowledgement, no keepalive answer) before the operation fails, 1 to 3600 seconds (default 15) |
+//! | `NUVEC_DISTRIBUTED_WARN_AFTER` | how long an operation waits before it warns (then again at that interval), non-negative seconds (default 30), `0`: never |
 //! | `NUVEC_DISTRIBUTED_KEY` | shared key, at least 16 bytes (never printed) |
 //! | `NUVEC_DISTRIBUTED_LOG` | `off`, `error`, `warn`, `info` or `debug` (any case) |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | a fixed time a waiting step looks before it parks, 0 to 1 000 000 µs (unset: it adapts) |
@@ -35,8 +37,12 @@ pub(crate) const MLX_HOSTFILE: &str = "MLX_HOSTFILE";
 pub(crate) const MLX_RANK: &str = "MLX_RANK";
 /// Verbose ring logging when present.
 pub(crate) const MLX_RING_VERBOSE: &str = "MLX_RING_VERBOSE";
-/// The per-operation timeout in seconds.
+/// The per-operation timeout (the backstop) in seconds, 0 for none.
 pub(crate) const TIMEOUT: &str = "NUVEC_DISTRIBUTED_TIMEOUT";
+/// How long a link may go silent before the operation fails, in seconds.
+pub(crate) const LINK_TIMEOUT: &str = "NUVEC_DISTRIBUTED_LINK_TIMEOUT";
+/// How long an operation waits before it warns, in seconds, 0 for never.
+pub(crate) const WARN_AFTER: &str = "NUVEC_DISTRIBUTED_WARN_AFTER";
 /// The shared key.
 #[allow(
     dead_code,
@@ -203,29 +209,83 @@ impl<'a> Env<'a> {
         self.present(MLX_HOSTFILE)
     }
 
-    /// The per-operation timeout from `NUVEC_DISTRIBUTED_TIMEOUT` (seconds), `None` if unset.
+    /// The per-operation timeout from `NUVEC_DISTRIBUTED_TIMEOUT` (seconds), `None` if unset;
+    /// `Some(Duration::ZERO)` for `0`: no operation timeout (liveness still bounds every wait).
     ///
-    /// The value must be a positive finite decimal number of seconds (`"30"`, `"2.5"`,
-    /// `"1e-3"`), at least one nanosecond and small enough for a `Duration`.
+    /// The value must be a non-negative finite decimal number of seconds (`"30"`, `"2.5"`,
+    /// `"1e-3"`, `"0"`), zero or at least one nanosecond, and small enough for a `Duration`.
     pub(crate) fn timeout(&self) -> Result<Option<Duration>, ConfigError> {
         let Some(v) = self.text(TIMEOUT)? else {
             return Ok(None);
         };
         let bad = |what: &str| bad_value(TIMEOUT, &v, what);
-        let secs: f64 = v
-            .parse()
-            .map_err(|_| bad("is not a number of seconds (e.g. \"30\" or \"2.5\")"))?;
-        if secs.is_nan() || secs.is_infinite() {
-            return Err(bad("must be a finite number of seconds"));
-        }
-        if secs <= 0.0 {
-            return Err(bad("must be a positive number of seconds"));
-        }
+        let secs = self.seconds(
+            TIMEOUT,
+            &v,
+            "is not a number of seconds (e.g. \"30\" or \"2.5\"; 0: no timeout)",
+        )?;
         let d = Duration::try_from_secs_f64(secs).map_err(|_| bad("is too large for a timeout"))?;
-        if d.is_zero() {
-            return Err(bad("is below one nanosecond"));
+        if d.is_zero() && secs > 0.0 {
+            return Err(bad("is below one nanosecond (0: no timeout)"));
         }
         Ok(Some(d))
+    }
+
+    /// `value` of variable `name` as a non-negative finite number of seconds (`not_number`
+    /// says what is wrong when it is not a number at all).
+    fn seconds(&self, name: &str, value: &str, not_number: &str) -> Result<f64, ConfigError> {
+        let bad = |what: &str| bad_value(name, value, what);
+        let secs: f64 = value.trim().parse().map_err(|_| bad(not_number))?;
+        if !secs.is_finite() {
+            return Err(bad("must be a finite number of seconds"));
+        }
+        if secs < 0.0 || secs.is_sign_negative() {
+            return Err(bad("must not be negative"));
+        }
+        Ok(secs)
+    }
+
+    /// How long a link may go silent, from `NUVEC_DISTRIBUTED_LINK_TIMEOUT` (seconds), `None`
+    /// if unset: between 1 s (the kernel counts keepalive in whole seconds) and an hour.
+    pub(crate) fn link_timeout(&self) -> Result<Option<Duration>, ConfigError> {
+        let Some(v) = self.text(LINK_TIMEOUT)? else {
+            return Ok(None);
+        };
+        let secs = self.seconds(
+            LINK_TIMEOUT,
+            &v,
+            "is not a number of seconds (e.g. \"15\" or \"2.5\")",
+        )?;
+        let range = crate::config::options::LINK_TIMEOUT_RANGE;
+        let d = Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
+        if !range.contains(&d) {
+            return Err(bad_value(
+                LINK_TIMEOUT,
+                &v,
+                &format!(
+                    "is outside {} to {} seconds",
+                    range.start().as_secs(),
+                    range.end().as_secs()
+                ),
+            ));
+        }
+        Ok(Some(d))
+    }
+
+    /// How long an operation waits before it warns, from `NUVEC_DISTRIBUTED_WARN_AFTER`
+    /// (seconds): `None` if unset, `Some(None)` for `0` (never warn).
+    pub(crate) fn warn_after(&self) -> Result<Option<Option<Duration>>, ConfigError> {
+        let Some(v) = self.text(WARN_AFTER)? else {
+            return Ok(None);
+        };
+        let secs = self.seconds(
+            WARN_AFTER,
+            &v,
+            "is not a number of seconds (e.g. \"30\" or \"0.5\"; 0: never warn)",
+        )?;
+        let d = Duration::try_from_secs_f64(secs)
+            .map_err(|_| bad_value(WARN_AFTER, &v, "is too large for an interval"))?;
+        Ok(Some((!d.is_zero()).then_some(d)))
     }
 
     /// JACCL's progress timeout from `JACCL_PROGRESS_TIMEOUT_S` or else
@@ -484,15 +544,12 @@ mod tests {
         a_rank_beyond_usize_is_refused:
             ring, [("MLX_HOSTFILE", "h"), ("MLX_RANK", "99999999999999999999999")]
                 => ["MLX_RANK=\"99999999999999999999999\"", "too large"];
-        a_zero_timeout_is_refused:
-            timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "0")]
-                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"0\"", "positive"];
         a_negative_timeout_is_refused:
             timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "-5")]
-                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"-5\"", "positive"];
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"-5\"", "negative"];
         a_negative_zero_timeout_is_refused:
             timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "-0.0")]
-                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"-0.0\"", "positive"];
+                => ["NUVEC_DISTRIBUTED_TIMEOUT=\"-0.0\"", "negative"];
         a_nan_timeout_is_refused:
             timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "NaN")]
                 => ["NUVEC_DISTRIBUTED_TIMEOUT=\"NaN\"", "finite"];
@@ -511,6 +568,30 @@ mod tests {
         a_sub_nanosecond_timeout_is_refused:
             timeout, [("NUVEC_DISTRIBUTED_TIMEOUT", "1e-12")]
                 => ["NUVEC_DISTRIBUTED_TIMEOUT=\"1e-12\"", "below one nanosecond"];
+        a_zero_link_timeout_is_refused:
+            link_timeout, [("NUVEC_DISTRIBUTED_LINK_TIMEOUT", "0")]
+                => ["NUVEC_DISTRIBUTED_LINK_TIMEOUT=\"0\"", "outside 1 to 3600 seconds"];
+        a_link_timeout_below_a_second_is_refused:
+            link_timeout, [("NUVEC_DISTRIBUTED_LINK_TIMEOUT", "0.5")]
+                => ["NUVEC_DISTRIBUTED_LINK_TIMEOUT=\"0.5\"", "outside 1 to 3600 seconds"];
+        a_link_timeout_above_an_hour_is_refused:
+            link_timeout, [("NUVEC_DISTRIBUTED_LINK_TIMEOUT", "1e300")]
+                => ["NUVEC_DISTRIBUTED_LINK_TIMEOUT=\"1e300\"", "outside 1 to 3600 seconds"];
+        a_link_timeout_that_is_not_seconds_is_refused:
+            link_timeout, [("NUVEC_DISTRIBUTED_LINK_TIMEOUT", "15s")]
+                => ["NUVEC_DISTRIBUTED_LINK_TIMEOUT=\"15s\"", "not a number of seconds"];
+        a_negative_link_timeout_is_refused:
+            link_timeout, [("NUVEC_DISTRIBUTED_LINK_TIMEOUT", "-15")]
+                => ["NUVEC_DISTRIBUTED_LINK_TIMEOUT=\"-15\"", "negative"];
+        a_negative_warning_interval_is_refused:
+            warn_after, [("NUVEC_DISTRIBUTED_WARN_AFTER", "-1")]
+                => ["NUVEC_DISTRIBUTED_WARN_AFTER=\"-1\"", "negative"];
+        a_warning_interval_that_is_not_seconds_is_refused:
+            warn_after, [("NUVEC_DISTRIBUTED_WARN_AFTER", "soon")]
+                => ["NUVEC_DISTRIBUTED_WARN_AFTER=\"soon\"", "not a number of seconds"];
+        an_infinite_warning_interval_is_refused:
+            warn_after, [("NUVEC_DISTRIBUTED_WARN_AFTER", "inf")]
+                => ["NUVEC_DISTRIBUTED_WARN_AFTER=\"inf\"", "finite"];
         a_spin_that_is_not_whole_microseconds_is_refused:
             spin, [("NUVEC_DISTRIBUTED_SPIN_US", "2.5")]
                 => ["NUVEC_DISTRIBUTED_SPIN_US=\"2.5\"", "whole number of microseconds"];
@@ -622,7 +703,17 @@ mod tests {
     fn non_utf8_values_are_errors_naming_the_variable() {
         use std::os::unix::ffi::OsStringExt;
         let bad = || OsString::from_vec(vec![b'1', 0xff]);
-        for name in [MLX_RANK, TIMEOUT, LOG, KEY, SPIN, LOCAL_LINKS, WIRE] {
+        for name in [
+            MLX_RANK,
+            TIMEOUT,
+            LINK_TIMEOUT,
+            WARN_AFTER,
+            LOG,
+            KEY,
+            SPIN,
+            LOCAL_LINKS,
+            WIRE,
+        ] {
             let f = |n: &str| match n {
                 "MLX_HOSTFILE" => Some(OsString::from("h")),
                 n if n == name => Some(bad()),
@@ -632,6 +723,8 @@ mod tests {
             let m = match name {
                 MLX_RANK => message(env.ring()),
                 TIMEOUT => message(env.timeout()),
+                LINK_TIMEOUT => message(env.link_timeout()),
+                WARN_AFTER => message(env.warn_after()),
                 LOG => message(env.log_level()),
                 SPIN => message(env.spin()),
                 LOCAL_LINKS => message(env.local_links()),
@@ -727,6 +820,43 @@ mod tests {
         }
         let f = lookup(&[]);
         assert_eq!(Env::from_fn(&f).timeout().unwrap(), None);
+    }
+
+    #[test]
+    fn a_zero_timeout_means_no_operation_timeout() {
+        for v in ["0", "0.0", " 0 "] {
+            let f = lookup(&[("NUVEC_DISTRIBUTED_TIMEOUT", v)]);
+            assert_eq!(
+                Env::from_fn(&f).timeout().unwrap(),
+                Some(Duration::ZERO),
+                "{v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_link_timeout_and_a_warning_interval_are_read_in_seconds_and_zero_stops_the_warnings() {
+        let link = |v: &str| {
+            let f = lookup(&[("NUVEC_DISTRIBUTED_LINK_TIMEOUT", v)]);
+            Env::from_fn(&f)
+                .link_timeout()
+                .expect("a valid link timeout")
+        };
+        assert_eq!(link("15"), Some(Duration::from_secs(15)));
+        assert_eq!(link("1"), Some(Duration::from_secs(1)));
+        assert_eq!(link("2.5"), Some(Duration::from_millis(2500)));
+        assert_eq!(link("3600"), Some(Duration::from_secs(3600)));
+        let warn = |v: &str| {
+            let f = lookup(&[("NUVEC_DISTRIBUTED_WARN_AFTER", v)]);
+            Env::from_fn(&f).warn_after().expect("a valid interval")
+        };
+        assert_eq!(warn("30"), Some(Some(Duration::from_secs(30))));
+        assert_eq!(warn("0.5"), Some(Some(Duration::from_millis(500))));
+        assert_eq!(warn("0"), Some(None));
+        let unset = lookup(&[]);
+        let env = Env::from_fn(&unset);
+        assert_eq!(env.link_timeout().expect("unset"), None);
+        assert_eq!(env.warn_after().expect("unset"), None);
     }
 
     #[test]

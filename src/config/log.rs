@@ -1,7 +1,9 @@
 //! Diagnostics on standard error, as MLX's `MLX_RING_VERBOSE` (lines start with `[ring]`).
 //!
 //! The level comes from `NUVEC_DISTRIBUTED_LOG` (off, error, warn, info, debug); the presence
-//! of `MLX_RING_VERBOSE` makes it at least `info`, as in MLX.
+//! of `MLX_RING_VERBOSE` makes it at least `info`, as in MLX. One line is printed whatever
+//! the level: that an operation has waited long, every `NUVEC_DISTRIBUTED_WARN_AFTER`
+//! ([`Log::slow`]), since a job that seems to hang should say why without being rerun.
 
 use std::fmt;
 
@@ -12,12 +14,38 @@ pub(crate) use crate::config::env::LogLevel;
 pub(crate) struct Log {
     level: LogLevel,
     rank: usize,
+    /// How long an operation waits before [`Log::slow`] says so, and how often again.
+    slow_after: Option<std::time::Duration>,
 }
 
 impl Log {
     /// A log for `rank` at `level`.
     pub(crate) fn new(level: LogLevel, rank: usize) -> Self {
-        Self { level, rank }
+        Self {
+            level,
+            rank,
+            slow_after: None,
+        }
+    }
+
+    /// This log, saying after `after` (then every `after`) that an operation still waits
+    /// (`None`: never).
+    pub(crate) fn with_slow_after(mut self, after: Option<std::time::Duration>) -> Self {
+        self.slow_after = after;
+        self
+    }
+
+    /// How long an operation waits before it is said to be slow (`None`: never).
+    pub(crate) fn slow_after(&self) -> Option<std::time::Duration> {
+        self.slow_after
+    }
+
+    /// An operation has waited long: printed at `warn` whatever the level, unless slow
+    /// waits are not reported at all.
+    pub(crate) fn slow(&self, args: fmt::Arguments<'_>) {
+        if self.slow_after.is_some() {
+            eprintln!("[ring] [rank {}] warning: {args}", self.rank);
+        }
     }
 
     /// A log that prints nothing.

@@ -1,4 +1,13 @@
 //! [`Options`]: how a group connects and how long it waits.
+//!
+//! Three durations, three jobs. The *link timeout* ([`Options::link_timeout`], 15 s) is how
+//! long a connection may go silent (no acknowledgement of sent bytes, no answer to the
+//! kernel's keepalive probes) before the operation using it fails: it catches a cut cable or a
+//! dead host, and it is never tripped by a slow peer, whose kernel keeps answering. The
+//! *operation timeout* ([`Options::timeout`], 10 minutes, or none) is only a backstop against
+//! a peer that is alive but never comes. The *warning interval* ([`Options::warn_after`],
+//! 30 s) says, while an operation waits, what it waits for. Connection setup keeps a deadline
+//! of its own ([`DEFAULT_SETUP_TIMEOUT`], or the operation timeout when one is set).
 
 use std::time::Duration;
 
@@ -12,16 +21,25 @@ use crate::config::log::LogLevel;
 /// use std::time::Duration;
 /// let options = nuvec_distributed::Options::default()
 ///     .timeout(Duration::from_secs(10))
+///     .link_timeout(Duration::from_secs(5))
 ///     .verbose(true);
 /// assert_eq!(options.timeout, Duration::from_secs(10));
+/// assert_eq!(nuvec_distributed::Options::new().no_timeout().timeout, Duration::ZERO);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Options {
-    /// The deadline of connection setup and of every collective (default 30 s;
-    /// `NUVEC_DISTRIBUTED_TIMEOUT` for [`init`](crate::init)). A collective that has not
-    /// finished by then fails the group, naming the peer it was waiting for.
+    /// The backstop of every collective (default [`DEFAULT_TIMEOUT`], 10 minutes;
+    /// `NUVEC_DISTRIBUTED_TIMEOUT` for [`init`](crate::init)); [`Duration::ZERO`] means none
+    /// (see [`Options::no_timeout`]). A collective that has not finished by then fails the
+    /// group, naming the peer it was waiting for. A dead link fails it much sooner, after
+    /// the [link timeout](Options::link_timeout). Setting it through
+    /// [`Options::timeout`] also bounds connection setup.
     pub timeout: Duration,
+    /// The deadline of connection setup when set apart from the default.
+    pub(crate) setup: Option<Duration>,
+    pub(crate) link_timeout: Duration,
+    pub(crate) warn_after: Option<Duration>,
     pub(crate) log: LogLevel,
     pub(crate) key: Option<Key>,
     pub(crate) spin: Spin,
@@ -82,13 +100,43 @@ pub(crate) enum Spin {
 /// cap of the adaptive wait (see [`Options::spin`]).
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 
+/// The default backstop of an operation ([`Options::timeout`]): 10 minutes. Long enough for
+/// any rank's pause between collectives that a job survives (a checkpoint, an evaluation, a
+/// compilation), since faults of the network are caught by the link timeout instead.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The deadline of connection setup unless [`Options::timeout`] sets another: 30 s, for the
+/// launcher to start every rank (setup never waits forever, even without an operation
+/// timeout).
+pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The default [link timeout](Options::link_timeout): 15 s.
+///
+/// Why 15 s: it must outlast what a healthy network does (a switch's spanning tree or a
+/// bond failing over takes a few seconds, and a glitch shorter than 70 % of it, 10.5 s, is
+/// survived), and it should not be much longer than the 14.7 s in which the kernel already
+/// gave up on a cut cable before this setting existed, so no fault is noticed later than it
+/// was.
+pub const DEFAULT_LINK_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The link timeouts accepted: 1 s (the kernel counts keepalive in whole seconds) to an hour.
+pub(crate) const LINK_TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(3600);
+
+/// How long, by default, an operation waits before it says what it waits for, and how often
+/// it says it again ([`Options::warn_after`]): 30 s.
+pub const DEFAULT_WARN_AFTER: Duration = Duration::from_secs(30);
+
 /// The longest [`Options::spin`] accepted: a second.
 pub const MAX_SPIN: Duration = Duration::from_secs(1);
 
 impl Default for Options {
     fn default() -> Self {
         Self {
-            timeout: Duration::from_secs(30),
+            timeout: DEFAULT_TIMEOUT,
+            setup: None,
+            link_timeout: DEFAULT_LINK_TIMEOUT,
+            warn_after: Some(DEFAULT_WARN_AFTER),
             log: LogLevel::Off,
             key: None,
             spin: Spin::Adaptive(DEFAULT_SPIN),
@@ -100,15 +148,57 @@ impl Default for Options {
 }
 
 impl Options {
-    /// The default options: a 30 s timeout, quiet.
+    /// The default options: a 10 minute backstop, a 15 s link timeout, a warning after
+    /// 30 s of waiting, otherwise quiet.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Sets the deadline of connection setup and of every collective.
+    /// Sets the backstop of every collective and the deadline of connection setup;
+    /// [`Duration::ZERO`] is [`no_timeout`](Self::no_timeout).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self.setup = (!timeout.is_zero()).then_some(timeout);
         self
+    }
+
+    /// No operation timeout: a collective waits for as long as its peers are alive (the
+    /// [link timeout](Self::link_timeout) still fails it when a link goes silent, and
+    /// warnings say what it waits for); connection setup keeps [`DEFAULT_SETUP_TIMEOUT`].
+    /// `NUVEC_DISTRIBUTED_TIMEOUT=0` for [`init`](crate::init).
+    pub fn no_timeout(mut self) -> Self {
+        self.timeout = Duration::ZERO;
+        self.setup = None;
+        self
+    }
+
+    /// How long a connection may go silent before the operation using it fails, naming the
+    /// peer (default [`DEFAULT_LINK_TIMEOUT`]; `NUVEC_DISTRIBUTED_LINK_TIMEOUT` for
+    /// [`init`](crate::init); clamped to 1 s to an hour). Silent means the peer's kernel
+    /// acknowledges nothing: no sent byte and no keepalive probe, which the kernel sends
+    /// while a connection is idle (probes carry no data: a Python MLX peer sees no byte it
+    /// would not expect). A peer that is merely busy or stopped keeps answering, so it never
+    /// trips this; a cut cable or a dead host does. See [`tcp`](crate::transport::tcp).
+    pub fn link_timeout(mut self, limit: Duration) -> Self {
+        self.link_timeout = limit.clamp(*LINK_TIMEOUT_RANGE.start(), *LINK_TIMEOUT_RANGE.end());
+        self
+    }
+
+    /// How long an operation waits before this rank logs (at `warn`, even when the log is
+    /// otherwise off) what it is waiting for, and how often it logs it again while it keeps
+    /// waiting (default [`DEFAULT_WARN_AFTER`]; `NUVEC_DISTRIBUTED_WARN_AFTER` for
+    /// [`init`](crate::init)); zero never warns. The line names the operation, its sequence
+    /// number and size, the peer and link, the bytes received so far and whether the link is
+    /// alive: a slow peer, not a failure.
+    pub fn warn_after(mut self, interval: Duration) -> Self {
+        self.warn_after = (!interval.is_zero()).then_some(interval);
+        self
+    }
+
+    /// The deadline of connection setup: the timeout when one was set
+    /// ([`timeout`](Self::timeout)), [`DEFAULT_SETUP_TIMEOUT`] otherwise.
+    pub(crate) fn setup_timeout(&self) -> Duration {
+        self.setup.unwrap_or(DEFAULT_SETUP_TIMEOUT)
     }
 
     /// Authenticates every connection with a pre-shared `secret` (at least 16 bytes, the same

@@ -58,7 +58,7 @@ use std::time::Duration;
 
 mod watch;
 
-pub use watch::{CHECK_EVERY, Gone, Liveness, QUIET, Stop, Watch, blame};
+pub use watch::{CHECK_EVERY, Gone, Liveness, Patience, QUIET, Stall, Stop, Watch, blame};
 
 /// The address of a channel as one rank sees it: a peer and one link to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -353,6 +353,17 @@ pub enum FailureKind {
     /// another size); the text names both calls.
     #[error("{0}")]
     Mismatch(String),
+    /// The link went silent: the peer's kernel acknowledged nothing (no sent byte, no
+    /// keepalive probe) for the link timeout, as a cut cable or a dead host does; a peer
+    /// that is only slow or stopped still acknowledges.
+    #[error(
+        "the link went silent: the peer acknowledged nothing for the link timeout of {limit:?} \
+         (a cut cable, a dead host or network)"
+    )]
+    Silent {
+        /// The link timeout.
+        limit: Duration,
+    },
     /// The step made no progress for longer than its progress timeout.
     #[error("no progress for {waited:.3?}, past the progress timeout of {limit:?}")]
     NoProgress {
@@ -449,6 +460,13 @@ pub trait Fabric {
         let _ = peer;
         None
     }
+
+    /// Tells `patience` whenever a step waits past the time it gives, what it waits for (see
+    /// [`Patience`]). The default never tells: a fabric that does not wait on a clock of its
+    /// own (the simulator) ignores it.
+    fn set_patience(&mut self, patience: Box<dyn Patience>) {
+        let _ = patience;
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for &mut F {
@@ -476,6 +494,9 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     fn last_heard(&self, peer: usize) -> Option<Duration> {
         (**self).last_heard(peer)
     }
+    fn set_patience(&mut self, patience: Box<dyn Patience>) {
+        (**self).set_patience(patience)
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for Box<F> {
@@ -502,6 +523,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn last_heard(&self, peer: usize) -> Option<Duration> {
         (**self).last_heard(peer)
+    }
+    fn set_patience(&mut self, patience: Box<dyn Patience>) {
+        (**self).set_patience(patience)
     }
 }
 

@@ -17,6 +17,12 @@
 //! flight; only a step that has heard nothing for [`QUIET`] takes a closed peer for a dead
 //! one.
 //!
+//! A watch also carries the [`Patience`] of the communicator above it: while a step waits
+//! past the moment it gives ([`Patience::due`]), the fabric hands it a [`Stall`] (the
+//! transfer waited on longest, how far it got, whether its link is alive) and the
+//! communicator says what its operation waits for. The fabric knows transfers, links and
+//! time; the communicator knows operations: neither needs the other's words.
+//!
 //! Uses nothing of the crate but the fabric's own vocabulary.
 
 use std::fmt;
@@ -52,6 +58,38 @@ pub trait Liveness: Send {
     /// The group has failed: tell the other ranks, as far as this watcher can without sending
     /// anything (closing its connections).
     fn failed(&mut self);
+}
+
+/// What a slow step is waiting for: the transfer it has waited on longest (see
+/// [`most_stuck`](super::most_stuck)) and what the fabric knows of its link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stall {
+    /// The transfer's channel (its peer and link).
+    pub channel: Channel,
+    /// Whether it sends or receives.
+    pub direction: Direction,
+    /// Bytes of it moved so far.
+    pub done: usize,
+    /// Bytes it has to move.
+    pub total: usize,
+    /// How long ago bytes last came from the peer (`None`: never, or not known).
+    pub heard_ago: Option<Duration>,
+    /// Whether the link is known to be alive (its peer's kernel acknowledges and answers
+    /// keepalive probes within the link timeout); `None`: the fabric cannot tell.
+    pub alive: Option<bool>,
+}
+
+/// Who is told that a step waits long: the communicator above the fabric, which knows the
+/// operation the step belongs to. Called on the fabric's thread while a step waits, never
+/// while it moves bytes.
+pub trait Patience: Send {
+    /// When, on the fabric's clock, the next report is due (`None`: none is, no operation is
+    /// running or reports are off).
+    fn due(&self) -> Option<Duration>;
+
+    /// A step is still waiting at `now`, past [`due`](Self::due), for `stall`; the next
+    /// [`due`](Self::due) must be later than `now`.
+    fn report(&mut self, now: Duration, stall: &Stall);
 }
 
 /// Why a waiting step must stop.
@@ -123,6 +161,8 @@ impl Stop {
 pub struct Watch {
     liveness: Option<Box<dyn Liveness>>,
     progress: Option<Duration>,
+    /// Who is told that a step waits long.
+    patience: Option<Box<dyn Patience>>,
     /// When the watcher was last consulted, on the fabric's clock.
     checked: Option<Duration>,
     /// The first peer found gone: every later wait stops with it.
@@ -134,6 +174,7 @@ impl fmt::Debug for Watch {
         f.debug_struct("Watch")
             .field("liveness", &self.liveness.is_some())
             .field("progress", &self.progress)
+            .field("patience", &self.patience.is_some())
             .field("gone", &self.gone)
             .finish()
     }
@@ -146,8 +187,29 @@ impl Watch {
         Self {
             liveness,
             progress: progress.filter(|p| !p.is_zero()),
+            patience: None,
             checked: None,
             gone: None,
+        }
+    }
+
+    /// Tells `patience` when a step waits long (replacing any before).
+    pub fn set_patience(&mut self, patience: Box<dyn Patience>) {
+        self.patience = Some(patience);
+    }
+
+    /// Whether a report of a slow step is due at `now`.
+    pub fn report_due(&self, now: Duration) -> bool {
+        self.patience
+            .as_ref()
+            .and_then(|p| p.due())
+            .is_some_and(|due| now >= due)
+    }
+
+    /// Reports that a step still waits at `now` for `stall`.
+    pub fn report(&mut self, now: Duration, stall: &Stall) {
+        if let Some(p) = self.patience.as_mut() {
+            p.report(now, stall);
         }
     }
 
@@ -194,9 +256,18 @@ impl Watch {
     }
 
     /// The latest instant (on the fabric's clock) a parked step may sleep to, so that
-    /// [`waiting`](Self::waiting) runs when a check or the progress timeout is due; `None`:
-    /// only the step's deadline matters.
+    /// [`waiting`](Self::waiting) runs when a check or the progress timeout is due and a
+    /// report when one is; `None`: only the step's deadline matters.
     pub fn wake_by(&self, quiet_since: Duration) -> Option<Duration> {
+        let report = self.patience.as_ref().and_then(|p| p.due());
+        match (self.wake_for_watch(quiet_since), report) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// [`wake_by`](Self::wake_by) for the watcher and the progress timeout alone.
+    fn wake_for_watch(&self, quiet_since: Duration) -> Option<Duration> {
         let progress = self.progress.map(|p| quiet_since.saturating_add(p));
         let check = self.liveness.as_ref().map(|_| {
             let quiet = quiet_since.saturating_add(QUIET);
@@ -311,6 +382,64 @@ mod tests {
         assert!(off.is_idle());
         assert_eq!(off.waiting(Duration::from_secs(3600), T0), Ok(()));
         assert_eq!(off.wake_by(T0), None);
+    }
+
+    /// Reports every `every` from `next`, keeping what it was told.
+    struct Every {
+        next: Duration,
+        every: Duration,
+        told: std::sync::Arc<std::sync::Mutex<Vec<(Duration, Stall)>>>,
+    }
+
+    impl Patience for Every {
+        fn due(&self) -> Option<Duration> {
+            Some(self.next)
+        }
+        fn report(&mut self, now: Duration, stall: &Stall) {
+            self.told
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((now, stall.clone()));
+            self.next = now + self.every;
+        }
+    }
+
+    #[test]
+    fn a_report_is_due_at_the_time_its_patience_gives_and_wakes_a_parked_step_for_it() {
+        let told = std::sync::Arc::default();
+        let mut w = Watch::new(None, None);
+        assert!(!w.report_due(Duration::from_secs(3600)));
+        assert_eq!(w.wake_by(T0), None);
+        w.set_patience(Box::new(Every {
+            next: 500 * MS,
+            every: 500 * MS,
+            told: std::sync::Arc::clone(&told),
+        }));
+        assert!(w.is_idle(), "patience alone stops no step");
+        assert_eq!(w.wake_by(T0), Some(500 * MS));
+        assert!(!w.report_due(499 * MS));
+        assert!(w.report_due(500 * MS));
+        let stall = Stall {
+            channel: Channel::new(1, 0),
+            direction: Direction::Recv,
+            done: 3,
+            total: 8,
+            heard_ago: Some(400 * MS),
+            alive: Some(true),
+        };
+        w.report(600 * MS, &stall);
+        assert!(!w.report_due(700 * MS));
+        assert_eq!(w.wake_by(T0), Some(1100 * MS));
+        // A progress timeout earlier than the report wakes the step first.
+        let progress = Watch {
+            progress: Some(200 * MS),
+            ..w
+        };
+        assert_eq!(progress.wake_by(T0), Some(200 * MS));
+        let told = told
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert_eq!(*told, vec![(600 * MS, stall)]);
     }
 
     #[test]

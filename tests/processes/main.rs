@@ -9,6 +9,8 @@
 //!   `jaccl`, over the software RDMA provider);
 //! - [`jaccl_mlx`]: mixed JACCL jobs of ranks built from MLX 0.32.4's own headers and Rust
 //!   ranks (feature `jaccl`, over the software RDMA provider);
+//! - [`liveness`]: busy and stopped ranks are waited for, and the others say what they
+//!   wait for;
 //! - [`launch`]: `nuvec-launch`, and its environment against `mlx.launch`'s;
 //! - [`examples`]: the examples as the README runs them;
 //! - [`threads`]: the ring with its ranks as threads; [`mismatch`]: the nuvec wire's check of
@@ -30,6 +32,7 @@ mod jaccl_mlx;
 mod jaccl_rdma;
 mod jaccl_wires;
 mod launch;
+mod liveness;
 mod mismatch;
 mod ring;
 mod split;

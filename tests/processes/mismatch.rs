@@ -105,10 +105,19 @@ fn ranks_in_all_sum_and_all_gather_all_fail_and_the_neighbours_name_both_calls()
 #[test]
 fn a_rank_that_passes_another_length_is_named_by_its_neighbours_small_and_large() {
     for local in [true, false] {
-        check(&[Call::Sum(4), Call::Sum(4), Call::Sum(8)], local, &[0, 1, 2]);
+        check(
+            &[Call::Sum(4), Call::Sum(4), Call::Sum(8)],
+            local,
+            &[0, 1, 2],
+        );
         let big = 1 << 18;
         check(
-            &[Call::Sum(big), Call::Sum(big), Call::Sum(big + 1), Call::Sum(big)],
+            &[
+                Call::Sum(big),
+                Call::Sum(big),
+                Call::Sum(big + 1),
+                Call::Sum(big),
+            ],
             local,
             &[1, 2, 3],
         );

@@ -303,12 +303,20 @@ impl SideChannel {
     /// # Errors
     ///
     /// [`Error::Connect`] when a connection cannot be made non-blocking.
-    pub(crate) fn into_watcher(self) -> Result<Watcher, Error> {
+    ///
+    /// Each connection gets the link liveness of `link_timeout` (keepalive probes, which carry
+    /// no byte): a host that died without closing its sockets (power, kernel, cable) is
+    /// found gone once its connection has been silent that long, as a socket error.
+    pub(crate) fn into_watcher(self, link_timeout: Duration) -> Result<Watcher, Error> {
         let (rank, size) = (self.protocol.rank(), self.protocol.size());
-        Watcher::new(rank, size, self.streams).map_err(|e| Error::Connect {
+        let fail = |e: std::io::Error| Error::Connect {
             rank,
             what: format!("jaccl: side channel: keeping the connections to watch them: {e}"),
-        })
+        };
+        for stream in &self.streams {
+            crate::transport::tcp::tune_link(stream, link_timeout).map_err(fail)?;
+        }
+        Watcher::new(rank, size, self.streams).map_err(fail)
     }
 
     /// Runs `op` over the connections, each all-gather within the timeout.

@@ -67,11 +67,11 @@ pub(super) fn write_some(
 }
 
 /// One look at a non-blocking connection that reads and writes nothing: a peek at one byte
-/// (left in place) and the socket's pending error.
+/// (left in place), which also returns the connection's error.
 pub(super) fn look(stream: &TcpStream) -> Look {
-    if let Ok(Some(e)) = stream.take_error() {
-        return Look::Failed(e.to_string());
-    }
+    // The peek returns the connection's hard error (a reset; the kernel giving up on it once
+    // its keepalive probes went unanswered), not a soft one such as the "no route to host"
+    // of a glitch it survives, which `SO_ERROR` would return.
     let mut byte = [0u8; 1];
     loop {
         return match stream.peek(&mut byte) {
@@ -79,6 +79,10 @@ pub(super) fn look(stream: &TcpStream) -> Look {
             Ok(_) => Look::Bytes,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Look::Nothing,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Look::Failed(format!(
+                "went silent: its keepalive probes went unanswered for the link timeout (a dead \
+                 host or a cut cable; {e})"
+            )),
             Err(e) => Look::Failed(e.to_string()),
         };
     }

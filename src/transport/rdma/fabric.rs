@@ -12,8 +12,8 @@ use super::verbs::status_name;
 use crate::config::log::Log;
 use crate::config::options::Spin;
 use crate::fabric::{
-    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer, Watch, blame,
-    most_stuck,
+    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Patience, Stall, Transfer,
+    Watch, blame, most_stuck,
 };
 use crate::transport::wait::{Next, Waiter};
 
@@ -264,6 +264,10 @@ impl Fabric for RdmaFabric {
         self.heard.get(peer).copied().flatten()
     }
 
+    fn set_patience(&mut self, patience: Box<dyn Patience>) {
+        self.watch.set_patience(patience);
+    }
+
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         let result = self.step(step, deadline);
         if result.is_err() {
@@ -441,6 +445,21 @@ impl RdmaFabric {
                 quiet_since = now;
                 self.waiter.moved(pass);
             } else {
+                if self.watch.report_due(now)
+                    && let Some(t) = most_stuck(step, |i| if done[i] { step[i].len() } else { 0 })
+                {
+                    // A message moves whole: nothing of it is done until it is.
+                    let c = step[t].channel();
+                    let stall = Stall {
+                        channel: c,
+                        direction: step[t].direction(),
+                        done: 0,
+                        total: step[t].len(),
+                        heard_ago: self.last_heard(c.peer).map(|at| now.saturating_sub(at)),
+                        alive: None,
+                    };
+                    self.watch.report(now, &stall);
+                }
                 if let Err(stop) = self.watch.waiting(now, quiet_since) {
                     let heard = &self.heard;
                     let t = blame(

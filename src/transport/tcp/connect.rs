@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, UdpSocket};
 use mio::{Events, Interest, Poll, Token};
-use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::config::hostfile;
 use crate::config::log::Log;
@@ -153,41 +153,38 @@ pub(crate) fn connect_ring_on(
 
 /// Socket options of every connection of a [`TcpFabric`](super::TcpFabric) (the ring's and
 /// JACCL's over TCP): no Nagle delay (MLX's; without it a small message can wait for the
-/// peer's delayed acknowledgement, tens of milliseconds), and keepalive so an idle group
-/// notices a dead host.
+/// peer's delayed acknowledgement, tens of milliseconds), and the link liveness of link
+/// timeout `link_timeout` (keepalive; see [`liveness`](super::liveness)) so a dead host or a
+/// cut cable fails the group within it.
 ///
 /// On Linux, a glitch shorter than the timeout (a cable out and back) should not outlast it
 /// for want of a retransmission: TCP's exponential backoff (0.2, 0.4, 0.8 … s) can put the
 /// first retry after the link is back seconds later, past the deadline. So the backoff is
-/// capped at 1 s (`TCP_RTO_MAX_MS`, Linux 6.15; the kernel's smallest cap) and thin streams
+/// capped at 1 s, or a fifteenth of the link timeout when longer (`TCP_RTO_MAX_MS`, Linux
+/// 6.15; the kernel's smallest cap is 1 s) and thin streams
 /// back off linearly (`TCP_THIN_LINEAR_TIMEOUTS`). Both are best effort: a kernel without them
 /// keeps its defaults. Measured on a cluster of namespaces (`tests/cluster.rs`), 10 s timeout:
 /// the longest outage survived went from 6 s to 9 s.
-pub(super) fn tune(stream: &TcpStream) -> io::Result<()> {
-    stream.set_nodelay(true)?;
+pub(crate) fn tune(stream: &impl std::os::fd::AsFd, link_timeout: Duration) -> io::Result<()> {
     let socket = socket2::SockRef::from(stream);
-    let keepalive = TcpKeepalive::new()
-        .with_time(Duration::from_secs(10))
-        .with_interval(Duration::from_secs(2));
-    #[cfg(any(target_os = "linux", target_os = "macos"))]
-    let keepalive = keepalive.with_retries(5);
-    socket.set_tcp_keepalive(&keepalive)?;
+    socket.set_tcp_nodelay(true)?;
+    super::liveness::arm(&socket, link_timeout)?;
     #[cfg(target_os = "linux")]
     {
         let _ = socket.set_tcp_thin_linear_timeouts(true);
-        cap_retransmission_backoff(stream);
+        let cap = super::liveness::Settings::for_limit(link_timeout).backoff_cap;
+        cap_retransmission_backoff(&*socket, cap);
     }
     Ok(())
 }
 
-/// Caps `stream`'s retransmission backoff at 1 s (`TCP_RTO_MAX_MS`); ignored where the
+/// Caps `stream`'s retransmission backoff at `cap` (`TCP_RTO_MAX_MS`); ignored where the
 /// kernel (before 6.15) does not know the option.
 #[cfg(target_os = "linux")]
-fn cap_retransmission_backoff(stream: &TcpStream) {
-    use std::os::fd::AsRawFd;
+fn cap_retransmission_backoff(stream: &impl std::os::fd::AsRawFd, cap: Duration) {
     /// `TCP_RTO_MAX_MS` of `include/uapi/linux/tcp.h`.
     const TCP_RTO_MAX_MS: libc::c_int = 44;
-    let ms: libc::c_int = 1000;
+    let ms = libc::c_int::try_from(cap.as_millis()).unwrap_or(libc::c_int::MAX);
     // SAFETY: the descriptor is the open socket `stream` borrows for the call, and the value
     // is a live c_int whose size is passed with it.
     let _ = unsafe {

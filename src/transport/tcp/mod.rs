@@ -42,6 +42,16 @@
 //! would not send. Local links are orthogonal: they change where a connection's bytes go, not
 //! which wire they are.
 //!
+//! Every connection (and a local link's TCP doorbell) is watched by the kernel for liveness:
+//! keepalive probes while idle, a capped retransmission backoff while sending, both set from
+//! the link timeout ([`Options::link_timeout`](crate::Options::link_timeout), 15 s), and a
+//! waiting step looks at every link's error and, on Linux, at whether its sent bytes have gone
+//! unacknowledged for the link timeout (the private `liveness` module says why not
+//! `TCP_USER_TIMEOUT`). A link that went silent fails the step at once as
+//! [`FailureKind::Silent`], naming its peer, whether or not the step waits on it; a peer that
+//! is only busy keeps acknowledging and is waited for, the step handing the communicator's
+//! [`Patience`] what it waits for every warning interval. None of it puts a byte on the wire.
+//!
 //! Receives never read past their own end, so the bytes of the next operation stay in the
 //! socket for it: the stream stays aligned with MLX's. No read or write asks for more than
 //! 1 GiB at a time (macOS fails socket calls above `INT_MAX` bytes; see the private `limits`
@@ -49,6 +59,7 @@
 
 pub mod auth;
 mod connect;
+mod liveness;
 mod local;
 pub mod probe;
 mod scratch;
@@ -63,16 +74,17 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::config::log::Log;
-use crate::config::options::{DEFAULT_SPIN, Spin, WireChoice};
+use crate::config::options::{DEFAULT_LINK_TIMEOUT, DEFAULT_SPIN, Spin, WireChoice};
 use crate::error::Error;
 use crate::fabric::{
-    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Transfer, Watch,
-    blame, most_stuck,
+    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Patience, Stall,
+    Transfer, Watch, blame, most_stuck,
 };
 use crate::limits;
 use crate::transport::tcp::auth::Key;
 use crate::transport::tcp::stream::Reassembly;
 use crate::transport::wait::{Next, Waiter};
+pub(crate) use connect::tune as tune_link;
 use local::LocalLink;
 pub use probe::NotNative;
 use scratch::Scratch;
@@ -120,13 +132,17 @@ pub struct TcpFabric {
     heard: Vec<Option<Duration>>,
     /// When a step that cannot progress looks again and when it parks in the poll.
     waiter: Waiter,
-    /// What a step that cannot progress consults (JACCL's side channel, a progress timeout);
-    /// nothing for MLX's ring.
+    /// What a step that cannot progress consults (JACCL's side channel, a progress timeout,
+    /// the communicator's reports of a long wait).
     watch: Watch,
     /// `native[peer][link]`: whether the connection is native (both ends are ranks of this
     /// crate that may speak the nuvec wire), as setup found out (the `probe` module), else
     /// why not.
     native: Vec<Vec<Result<(), NotNative>>>,
+    /// How long a link may go silent (see [`liveness`]).
+    link_timeout: Duration,
+    /// When a waiting step last looked at the health of every link.
+    links_checked: Duration,
 }
 
 impl std::fmt::Debug for TcpFabric {
@@ -223,7 +239,7 @@ impl TcpFabric {
         for (p, peer) in streams.into_iter().enumerate() {
             let mut row = Vec::with_capacity(peer.len());
             for (stream, local) in peer {
-                connect::tune(&stream)?;
+                connect::tune(&stream, DEFAULT_LINK_TIMEOUT)?;
                 stream.set_nonblocking(true)?;
                 let mut stream = mio::net::TcpStream::from_std(stream);
                 poll.registry().register(
@@ -255,7 +271,20 @@ impl TcpFabric {
             waiter: Waiter::new(Spin::Adaptive(DEFAULT_SPIN)),
             watch: Watch::default(),
             native: Vec::new(),
+            link_timeout: DEFAULT_LINK_TIMEOUT,
+            links_checked: Duration::ZERO,
         })
+    }
+
+    /// Makes every link fail an operation once it has been silent for `limit` (see
+    /// [`liveness`]; the default is
+    /// [`DEFAULT_LINK_TIMEOUT`](crate::config::options::DEFAULT_LINK_TIMEOUT)).
+    pub(crate) fn with_link_timeout(mut self, limit: Duration) -> io::Result<Self> {
+        for link in self.links.iter().flatten() {
+            connect::tune(&link.stream, limit)?;
+        }
+        self.link_timeout = limit;
+        Ok(self)
     }
 
     /// Makes every step that cannot progress consult `watch` (see
@@ -288,20 +317,31 @@ struct Progress {
     stream: Reassembly,
 }
 
-fn failure(t: &Transfer<'_>, done: usize, e: &io::Error) -> FabricError {
-    let kind = match e.kind() {
-        io::ErrorKind::UnexpectedEof
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::ConnectionAborted
-        | io::ErrorKind::BrokenPipe => FailureKind::Closed,
-        _ => FailureKind::Transport(e.to_string()),
-    };
+/// The failure of transfer `t`, `done` bytes in, on socket error `e`, on a fabric whose link
+/// timeout is `limit`.
+fn failure(t: &Transfer<'_>, done: usize, e: &io::Error, limit: Duration) -> FabricError {
     FabricError {
         channel: t.channel(),
         direction: t.direction(),
         done,
         total: t.len(),
-        kind,
+        kind: kind_of(e, limit),
+    }
+}
+
+/// What socket error `e` means: the peer closed; the link went silent (the kernel gave up on
+/// it: `ETIMEDOUT`, or the "no route" its last retransmission met, as on the far side of a
+/// pulled cable; see [`liveness`]); another error.
+fn kind_of(e: &io::Error, limit: Duration) -> FailureKind {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => FailureKind::Closed,
+        io::ErrorKind::TimedOut
+        | io::ErrorKind::HostUnreachable
+        | io::ErrorKind::NetworkUnreachable => FailureKind::Silent { limit },
+        _ => FailureKind::Transport(e.to_string()),
     }
 }
 
@@ -573,6 +613,10 @@ impl Fabric for TcpFabric {
         self.heard.get(peer).copied().flatten()
     }
 
+    fn set_patience(&mut self, patience: Box<dyn Patience>) {
+        self.watch.set_patience(patience);
+    }
+
     fn probe(&mut self) -> Vec<(usize, String)> {
         let mut down = Vec::new();
         for (peer, row) in self.links.iter().enumerate() {
@@ -668,7 +712,7 @@ impl TcpFabric {
                             }
                         }
                     }
-                    Err(e) => return Err(failure(t, p.done, &e)),
+                    Err(e) => return Err(failure(t, p.done, &e, self.link_timeout)),
                 }
                 if p.done < t.len() {
                     busy.push(key);
@@ -706,6 +750,19 @@ impl TcpFabric {
                     },
                 });
             }
+            // Every link's health, not only those of this step: a dead host shows on whichever
+            // link the kernel gave up on first.
+            if now.saturating_sub(self.links_checked) >= liveness::CHECK_EVERY {
+                self.links_checked = now;
+                if let Some(e) = self.check_links(step, &progress) {
+                    return Err(e);
+                }
+            }
+            if self.watch.report_due(now)
+                && let Some(stall) = self.stall(step, &progress, now)
+            {
+                self.watch.report(now, &stall);
+            }
             if !self.watch.is_idle()
                 && let Err(stop) = self.watch.waiting(now, quiet_since)
             {
@@ -728,18 +785,26 @@ impl TcpFabric {
                 Some(at) if at < deadline => at.max(now),
                 _ => deadline,
             };
+            // Parked at most until the next look at the links' health.
+            let wake = wake
+                .min(self.links_checked.saturating_add(liveness::CHECK_EVERY))
+                .max(now);
             match self.poll.poll(&mut self.events, Some(wake - now)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     let t = &step[0];
-                    return Err(failure(t, 0, &e));
+                    return Err(failure(t, 0, &e, self.link_timeout));
                 }
             }
             for event in self.events.iter() {
                 let Some(&(peer, link)) = self.tokens.get(event.token().0) else {
                     continue;
                 };
+                if event.is_error() {
+                    // Look at every link's health at the next pass that cannot progress.
+                    self.links_checked = Duration::ZERO;
+                }
                 let l = &mut self.links[peer][link];
                 if l.local.is_some() && !l.gone {
                     l.ring(drain(&l.stream));
@@ -763,6 +828,76 @@ impl TcpFabric {
         any
     }
 
+    /// The first link found failed or silent (see [`liveness`]), as the failure of `step`'s
+    /// open transfer on it (receives first), or of the link alone when `step` has none there.
+    fn check_links(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Option<FabricError> {
+        let limit = self.link_timeout;
+        for (peer, row) in self.links.iter().enumerate() {
+            for (link, l) in row.iter().enumerate() {
+                // A peek returns the connection's hard error only (a reset, the kernel giving
+                // up), where `SO_ERROR` also returns a soft one, such as the "no route to
+                // host" of a glitch the connection survives. The end of a stream is left to
+                // the step that reads it: a peer may leave after its last operation.
+                let mut byte = [0u8; 1];
+                let kind = match l.stream.peek(&mut byte) {
+                    Err(e)
+                        if !matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                        ) =>
+                    {
+                        Some(kind_of(&e, limit))
+                    }
+                    _ => (liveness::silent(&l.stream, limit) == Some(true))
+                        .then_some(FailureKind::Silent { limit }),
+                };
+                let Some(kind) = kind else {
+                    continue;
+                };
+                let channel = Channel::new(peer, link);
+                let open = step
+                    .iter()
+                    .zip(progress)
+                    .filter(|(t, p)| t.channel() == channel && p.done < t.len())
+                    .min_by_key(|(t, _)| t.direction() != Direction::Recv);
+                return Some(match open {
+                    Some((t, p)) => FabricError {
+                        channel,
+                        direction: t.direction(),
+                        done: p.done,
+                        total: t.len(),
+                        kind,
+                    },
+                    None => FabricError {
+                        channel,
+                        direction: Direction::Recv,
+                        done: 0,
+                        total: 0,
+                        kind,
+                    },
+                });
+            }
+        }
+        None
+    }
+
+    /// What `step` waits for at `now`, for a report that it is slow: its most stuck transfer
+    /// and what is known of its link.
+    fn stall(&self, step: &[Transfer<'_>], progress: &[Progress], now: Duration) -> Option<Stall> {
+        let i = most_stuck(step, |i| progress[i].done)?;
+        let t = &step[i];
+        let c = t.channel();
+        let link = self.links.get(c.peer)?.get(c.link)?;
+        Some(Stall {
+            channel: c,
+            direction: t.direction(),
+            done: progress[i].done,
+            total: t.len(),
+            heard_ago: self.last_heard(c.peer).map(|at| now.saturating_sub(at)),
+            alive: liveness::silent(&link.stream, self.link_timeout).map(|silent| !silent),
+        })
+    }
+
     /// Arms the local links of every transfer of `step` not done yet (see [`local`]); whether
     /// one of them can move already.
     fn arm(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Result<bool, FabricError> {
@@ -784,7 +919,7 @@ impl TcpFabric {
                 Ok(false) => {}
                 Err(e) => {
                     let e = io::Error::new(io::ErrorKind::InvalidData, e.to_string());
-                    return Err(failure(t, p.done, &e));
+                    return Err(failure(t, p.done, &e, self.link_timeout));
                 }
             }
         }
@@ -1151,5 +1286,72 @@ mod tests {
                 assert_eq!(ms, 1000, "the retransmission backoff cap");
             }
         }
+    }
+
+    /// Fills `stream`'s send window (its peer reads nothing) and makes its kernel reset it
+    /// with `ETIMEDOUT` a second later (`TCP_USER_TIMEOUT` applies to a zero window): a link
+    /// the kernel gives up on, without root or a cable to pull.
+    #[cfg(target_os = "linux")]
+    fn give_up_in_a_second(stream: &TcpStream) {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let ms: libc::c_int = 1000;
+        // SAFETY: the descriptor is the open socket `stream` borrows for the call, and the
+        // value is a live c_int whose size is passed with it.
+        let set = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_USER_TIMEOUT,
+                (&raw const ms).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "TCP_USER_TIMEOUT");
+        stream.set_nonblocking(true).expect("non-blocking");
+        let chunk = vec![0u8; 1 << 16];
+        loop {
+            match (&*stream).write(&chunk) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("filling the window: {e}"),
+            }
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_link_the_kernel_gives_up_on_fails_a_step_that_waits_on_another_link_naming_its_peer() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        let to_one = TcpStream::connect(address).expect("connect");
+        let (_one, _) = listener.accept().expect("accept");
+        let to_two = TcpStream::connect(address).expect("connect");
+        let (_two, _) = listener.accept().expect("accept");
+        give_up_in_a_second(&to_one);
+        let mut zero =
+            TcpFabric::from_streams(0, vec![vec![], vec![to_one], vec![to_two]]).expect("rank 0");
+        // The step waits on rank 2 only, which is alive and sends nothing.
+        let mut buf = [0u8; 8];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(2, 0),
+            landing: Landing::Into(&mut buf),
+        }];
+        let started = Instant::now();
+        let deadline = zero.now() + Duration::from_secs(20);
+        let e = zero
+            .run(&mut step, deadline)
+            .expect_err("rank 1's link is dead");
+        assert!(
+            matches!(e.kind, FailureKind::Silent { .. }),
+            "not a silent link: {e}"
+        );
+        assert_eq!(e.peer(), 1, "{e}");
+        assert!(e.to_string().contains("went silent"), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
