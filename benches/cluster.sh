@@ -15,6 +15,8 @@
 #   mlx      MLX 0.32.4 (.venv), benches/mlx_allsum.py
 #   0.5.0    nuvec-distributed 0.5.0, benches/upstream --impl upstream
 #   arrays   this checkout through the same nuvec_core API, benches/upstream --impl local
+#            (on the nuvec wire, every rank being this checkout)
+#   arraysmlx  the same on MLX's wire (nuvec-launch --wire mlx)
 #   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce/)
 # busbw = bytes * 2 (n - 1) / n / p50, shown in Gbit/s and as a percentage of the link's
 # measured TCP goodput, then each column's CPU µs per operation and rank (of its best run).
@@ -95,15 +97,18 @@ wait "$SERVER" 2>/dev/null || true
 [ -n "$LINK" ] || { echo "iperf3 failed" >&2; exit 1; }
 echo "   link: $(python3 -c "print(f'{$LINK / 1e9:.3f}')") Gbit/s" >&2
 
-# launch NAME N REP CMD...: a job of N hosts under nuvec-launch --hosts, started on host 0.
+# launch NAME N REP CMD...: a job of N hosts under nuvec-launch --hosts, started on host 0
+# (with nuvec-launch's --wire WIRE when set).
 launch() {
   local name="$1" n="$2" rep="$3"
   shift 3
+  local wire=()
+  [ -n "${WIRE:-}" ] && wire=(--wire "$WIRE")
   local hosts="" i
   for (( i = 0; i < n; i++ )); do hosts+="${hosts:+,}$(addr "$i")"; done
   local log="$OUT/$name-$n-$rep.log"
   echo "== $name, $n hosts (run $rep)" >&2
-  if ! timeout 900 "$ON" 0 "$LAUNCH" --hosts "$hosts" --backend ring -p 5000 -- "$@" \
+  if ! timeout 900 "$ON" 0 "$LAUNCH" --hosts "$hosts" --backend ring -p 5000 "${wire[@]}" -- "$@" \
       >"$log" 2>&1 </dev/null; then
     echo "   failed (see $log)" >&2
   fi
@@ -117,6 +122,7 @@ for n in $RANKS; do
     fi
     launch upstream "$n" "$rep" "$UPSTREAM" --impl upstream --sizes "$SIZES"
     launch arrays "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+    WIRE=mlx launch arraysmlx "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     launch raw "$n" "$rep" "$BENCH" --sizes "$SIZES" --no-wire
   done
 done
@@ -165,6 +171,9 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
                 fail(path, lineno, line, f"a ROW line of {len(f)} fields, not {len(ROW)} ({' '.join(ROW)})")
             row = dict(zip(ROW, f))
             col = {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[row["impl"]]
+            if name == "arraysmlx":
+                col = "arrays, MLX's wire"
+
             keep(col, n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
         elif name == "raw":
             if "elements" in line and "p50" in line:
@@ -182,7 +191,7 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
                 row = dict(zip(columns, f))
                 keep("raw", n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
 
-cols = ["mlx", "0.5.0", "arrays", "raw"]
+cols = ["mlx", "0.5.0", "arrays", "arrays, MLX's wire", "raw"]
 
 def busbw(col, n, b):
     v = best.get((col, n, b))
@@ -233,7 +242,7 @@ if xs:
     ymax = max(link, max(bw for pts in series.values() for _, bw in pts)) * 1.1
     px = lambda b: L + (math.log2(b) - x0) / max(x1 - x0, 1) * (W - L - R)
     py = lambda v: T + (1 - v / ymax) * (H - T - B)
-    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "raw": "#2ca02c"}
+    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "arrays, MLX's wire": "#ff7f0e", "raw": "#2ca02c"}
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
            f'<text x="{L}" y="20" font-size="14">all_sum float32 busbw on a cluster of namespaces, NICs at {rate}</text>']

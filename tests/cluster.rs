@@ -838,6 +838,43 @@ fn with_the_default_timeout_a_cable_pulled_during_a_collective_fails_every_rank_
 }
 
 #[test]
+fn with_the_default_timeout_a_host_powered_off_during_a_collective_fails_every_other_rank_within_the_link_timeout()
+ {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    let link = nuvec_distributed::DEFAULT_LINK_TIMEOUT;
+    let dir = procs::scratch("powered-off");
+    let hosts: Vec<usize> = (0..3).collect();
+    let nodes = nodes(&c, &hosts, 1, false);
+    let env = [
+        ("NUVEC_CLUSTER_TIMEOUT_MS", "default".to_owned()),
+        ("NUVEC_CLUSTER_ITERS", "100000".to_owned()),
+        ("NUVEC_CLUSTER_BYTES", (4usize << 20).to_string()),
+    ];
+    let mut children = spawn_loop(&c, &dir, &hosts, &nodes, &env);
+    let logs: Vec<PathBuf> = children.iter().map(|(_, l)| l.clone()).collect();
+    wait_for_line(&logs, "ITER 0", Duration::from_secs(30));
+    // The host goes dark (its cable out), then its rank is killed: the FIN or reset its
+    // kernel sends is lost, as a powered-off host sends none.
+    let off = 2;
+    let pulled = unix_ms();
+    c.pull(off);
+    let (mut dead, _) = children.remove(off);
+    let _ = dead.kill();
+    let _ = dead.wait();
+    let done = wait_all(children, link * 3);
+    c.plug(off);
+    every_rank_failed_naming_a_peer(
+        &done,
+        pulled,
+        link + Duration::from_secs(2),
+        "host powered off during a collective, default timeouts (host 2 of 3, the others)",
+    );
+}
+
+#[test]
 fn with_the_default_timeout_a_cable_pulled_between_collectives_fails_every_rank_within_the_link_timeout()
  {
     let _one = exclusive();
