@@ -17,8 +17,8 @@
 //!
 //! Only link 0 to each neighbour is used: the ring's own links, which are all a hostfile of a
 //! Thunderbolt ring has. Each rank sends (R−1) vectors in all, against 2(R−1)/R of one for
-//! MLX's all-reduce, so above a few tens of KiB MLX's schedule wins; see [`relays`] for the
-//! crossovers and the measurements behind them.
+//! MLX's all-reduce, so above a few KiB MLX's schedule wins; see [`ALL_REDUCE_CROSSOVER`] for
+//! the crossovers and the measurements behind them.
 
 use std::ops::Range;
 use std::time::Duration;
@@ -34,10 +34,23 @@ use crate::collective::reduce::Reducer;
 use crate::fabric::{Channel, Fabric, FabricError, Landing, Transfer};
 
 /// The largest all-reduce, in bytes per rank, that the relay takes.
-pub const ALL_REDUCE_CROSSOVER: usize = 64 * 1024;
+///
+/// The cost model, per operation on R ranks with a hop of latency α and β seconds a byte: the
+/// relay takes ⌈(R−1)/2⌉·α + (R−1)·n·β (every rank sends every other rank's vector on), MLX's
+/// ring 2(R−1)·α + 2(R−1)/R·n·β. On paper the relay wins up to n = (2(R−1)−⌈(R−1)/2⌉)·α /
+/// ((R−1)(R−2)/R·β), always on two ranks. Measured on the emulated cluster (one rank per
+/// host, unshaped links, float32 all_sum through arrays, p50, best of 2, one run on a loaded
+/// machine): at 4 KiB the relay took 0.60× MLX's schedule's time on 2 hosts and 0.59× on 4;
+/// at 64 KiB 2.4× on 2 hosts and 1.0× on 4. The likely cause, not yet verified: a 64 KiB
+/// frame does not fit in the window a TCP receiver offers at first (Linux starts with 128 KiB
+/// of buffer, about half of it window), so it waits a round trip for room, where MLX's schedule
+/// moves 32 KiB pieces. So the crossover is kept well under that, at 16 KiB, until a quiet
+/// run measures 8 to 64 KiB.
+pub const ALL_REDUCE_CROSSOVER: usize = 16 * 1024;
 
-/// The largest all-gather, in bytes per rank, that the relay takes.
-pub const ALL_GATHER_CROSSOVER: usize = 64 * 1024;
+/// The largest all-gather, in bytes per rank, that the relay takes (the same frames, so the
+/// same crossover as [`ALL_REDUCE_CROSSOVER`]).
+pub const ALL_GATHER_CROSSOVER: usize = 16 * 1024;
 
 /// Whether an all-reduce (`reduce`) or all-gather of `bytes` per rank goes by the relay on
 /// the nuvec wire.
