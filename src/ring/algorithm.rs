@@ -26,8 +26,9 @@ use super::schedule::{
 use crate::collective::reduce::Reducer;
 use crate::fabric::{Channel, Direction, Fabric, FabricError, FailureKind, Landing, Transfer};
 
-/// The transfers of one step: at most two per part, and at most 2C parts.
-type Step<'a> = SmallVec<[Transfer<'a>; 8]>;
+/// The transfers of one step: at most two per part, at most 2C parts, and on the nuvec wire
+/// four headers in an operation's first step (room for C = 2 without allocating).
+type Step<'a> = SmallVec<[Transfer<'a>; 12]>;
 
 /// The channels a part sends on and receives from.
 fn channels(ring: &RingTopology, part: &Part) -> (Channel, Channel) {

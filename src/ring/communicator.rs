@@ -104,13 +104,19 @@ impl<F: Fabric> RingCommunicator<F> {
             if ring.size() < 2 {
                 return Ok(());
             }
-            let RingState { scratch, seqs } = state;
+            let RingState {
+                scratch,
+                headers,
+                seqs,
+            } = state;
             if self.wire == Wire::Mlx {
                 return algorithm::all_reduce(fabric, ring, reducer, data, scratch, None, deadline);
             }
             let ours = seqs.collective(ring, Op::reduction(op), Some(dtype), len);
             if relay::relays(true, len, ring.size()) {
-                relay::all_reduce(fabric, ring, reducer, data, scratch, &ours, deadline)
+                relay::all_reduce(
+                    fabric, ring, reducer, data, scratch, headers, &ours, deadline,
+                )
             } else {
                 let mut headers = Headers::collective(ring, ours);
                 let headers = Some(&mut headers);
@@ -148,7 +154,15 @@ impl<F: Fabric> RingCommunicator<F> {
             }
             let ours = state.seqs.collective(ring, op, None, input.len());
             if relay::relays(false, input.len(), ring.size()) {
-                relay::all_gather(fabric, ring, input, output, &ours, deadline)
+                relay::all_gather(
+                    fabric,
+                    ring,
+                    input,
+                    output,
+                    &mut state.headers,
+                    &ours,
+                    deadline,
+                )
             } else {
                 let mut headers = Headers::collective(ring, ours);
                 algorithm::all_gather(fabric, ring, input, output, Some(&mut headers), deadline)
@@ -213,6 +227,8 @@ communicator_over_try!(RingCommunicator);
 pub(crate) struct RingState {
     /// MLX's zero-padded copy on its small path; the relay's other vectors.
     scratch: Vec<u8>,
+    /// The relay's headers, one per rank.
+    headers: Vec<u8>,
     /// The nuvec wire's sequence numbers.
     seqs: Seqs,
 }
@@ -221,6 +237,7 @@ impl RingState {
     fn new(ranks: usize) -> Self {
         Self {
             scratch: Vec::new(),
+            headers: Vec::new(),
             seqs: Seqs {
                 collectives: 0,
                 sends: vec![0; ranks],

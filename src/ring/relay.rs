@@ -69,13 +69,19 @@ pub fn steps(ranks: usize) -> usize {
 }
 
 /// All-reduces `data` (elements of `reducer`'s dtype) by the relay; `scratch` holds the other
-/// ranks' vectors (reused across calls). `ours` is this rank's call.
+/// ranks' vectors and `headers` their headers (both reused across calls). `ours` is this
+/// rank's call.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the relay's buffers, one argument each"
+)]
 pub fn all_reduce<F: Fabric + ?Sized>(
     fabric: &mut F,
     ring: &RingTopology,
     reducer: Reducer,
     data: &mut [u8],
     scratch: &mut Vec<u8>,
+    headers: &mut Vec<u8>,
     ours: &Fingerprint,
     deadline: Duration,
 ) -> Result<(), FabricError> {
@@ -83,7 +89,7 @@ pub fn all_reduce<F: Fabric + ?Sized>(
     scratch.clear();
     scratch.resize(n * ranks, 0);
     scratch[ring.rank() * n..(ring.rank() + 1) * n].copy_from_slice(data);
-    relay(fabric, ring, scratch, n, ours, deadline)?;
+    relay(fabric, ring, scratch, headers, n, ours, deadline)?;
     data.copy_from_slice(&scratch[..n]);
     for origin in 1..ranks {
         reducer.apply(data, &scratch[origin * n..(origin + 1) * n]);
@@ -92,7 +98,8 @@ pub fn all_reduce<F: Fabric + ?Sized>(
 }
 
 /// Gathers every rank's `input` into `output` (`input.len() × R` bytes, rank order) by the
-/// relay. `ours` is this rank's call.
+/// relay; `headers` holds every rank's header (reused across calls). `ours` is this rank's
+/// call.
 ///
 /// # Panics
 /// If `output.len() != input.len() * R` (the communicator checks it first).
@@ -101,27 +108,31 @@ pub fn all_gather<F: Fabric + ?Sized>(
     ring: &RingTopology,
     input: &[u8],
     output: &mut [u8],
+    headers: &mut Vec<u8>,
     ours: &Fingerprint,
     deadline: Duration,
 ) -> Result<(), FabricError> {
     let (n, rank) = (input.len(), ring.rank());
     assert_eq!(output.len(), n * ring.size(), "all_gather: output size");
     output[rank * n..(rank + 1) * n].copy_from_slice(input);
-    relay(fabric, ring, output, n, ours, deadline)
+    relay(fabric, ring, output, headers, n, ours, deadline)
 }
 
 /// The relay over `slots`, R slots of `n` bytes in rank order, this rank's filled: on return
 /// every slot holds its rank's vector, and every rank's call was found equal to `ours`.
+/// `headers` is where every rank's header lands.
 fn relay<F: Fabric + ?Sized>(
     fabric: &mut F,
     ring: &RingTopology,
     slots: &mut [u8],
+    headers: &mut Vec<u8>,
     n: usize,
     ours: &Fingerprint,
     deadline: Duration,
 ) -> Result<(), FabricError> {
     let (rank, ranks) = (ring.rank(), ring.size());
-    let mut headers = vec![0u8; HEADER * ranks];
+    headers.clear();
+    headers.resize(HEADER * ranks, 0);
     headers[rank * HEADER..(rank + 1) * HEADER].copy_from_slice(&ours.encode());
     let (right, left) = (ring.channel(Side::Right, 0), ring.channel(Side::Left, 0));
     let at = |back: bool, t: usize| {
@@ -159,7 +170,7 @@ fn relay<F: Fabric + ?Sized>(
             .into_iter()
             .map(Some)
             .collect();
-        let mut heads: SmallVec<[Option<&mut [u8]>; 4]> = carve(&mut headers, &header_ranges)
+        let mut heads: SmallVec<[Option<&mut [u8]>; 4]> = carve(headers, &header_ranges)
             .into_iter()
             .map(Some)
             .collect();

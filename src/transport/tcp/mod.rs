@@ -667,7 +667,9 @@ impl TcpFabric {
             }
             t.check_landing().map_err(|what| t.invalid(what))?;
         }
-        let mut progress: smallvec::SmallVec<[Progress; 8]> = step
+        // Room for the largest step of the ring with two connections per neighbour (eight
+        // transfers, and four headers on the nuvec wire) without allocating.
+        let mut progress: smallvec::SmallVec<[Progress; 12]> = step
             .iter()
             .map(|t| Progress {
                 done: 0,
