@@ -340,9 +340,13 @@ fn a_rust_program_runs_under_mlx_launch_with_four_ranks() {
     std::fs::write(&plan, value.to_string()).expect("write plan");
     let reference = run_job(&python, &dir, &plan, 1, &[true; 4]);
     let mut launch = Command::new(&launcher);
+    // Every rank is Rust, so by default they would agree on the nuvec wire, whose small
+    // all-reduces fold in rank order (the same bits on every rank, not MLX's order): MLX's
+    // bits are MLX's wire's.
     launch
         .args(["-n", "4", "--backend", "ring", "--"])
         .args(procs::this_test_argv(RANK_TEST))
+        .env("NUVEC_DISTRIBUTED_WIRE", "mlx")
         .env(procs::CHILD, RANK_TEST)
         .env(PLAN_VAR, &plan)
         .env(OUT_VAR, dir.join("launched{rank}.txt"));
