@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use nuvec_core::DType;
 use nuvec_distributed::reduce::Reduction;
-use nuvec_distributed::{Options, Wire, connect_ring, hostfile};
+use nuvec_distributed::{Options, Wire, WireChoice, connect_ring, hostfile};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -86,7 +86,11 @@ fn a_rust_rank_runs_the_plan_it_is_given() {
         .parse()
         .expect("rank");
     let nodes = hostfile::read(Path::new(&hostfile_path)).expect("hostfile");
-    let options = Options::default().timeout(Duration::from_secs(60));
+    let mut options = Options::default().timeout(Duration::from_secs(60));
+    if std::env::var("NUVEC_DISTRIBUTED_WIRE").as_deref() == Ok("mlx") {
+        // As `init` would read it: a job of Rust ranks alone that must give MLX's bits.
+        options = options.wire(WireChoice::Mlx);
+    }
     let group = connect_ring(&nodes, rank, &options).expect("connect");
     let comm = group.communicator().expect("a ring of more than one rank");
     if std::env::var(WIRE_VAR).as_deref() == Ok("mlx") {
