@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nuvec_core::DType;
-use nuvec_distributed::internals::tcp::probe::{Datagram, job_identity};
+use nuvec_distributed::internals::tcp::probe::{Datagram, QUIET, job_identity};
 use nuvec_distributed::reduce::Reduction;
 use nuvec_distributed::{Error, Options, RingGroup, Wire, WireChoice, connect_ring};
 
@@ -207,4 +207,71 @@ fn a_udp_port_that_answers_nothing_costs_the_probes_wait_and_leaves_the_job_mlx(
     drop(silent);
     assert_eq!(got, vec![Wire::Mlx; 2]);
     assert!(took >= Duration::from_millis(60), "setup took {took:?}");
+}
+
+#[test]
+fn an_acceptor_answers_probes_for_its_quiet_time_before_a_connect_can_succeed() {
+    let nodes = ports::free_nodes(2, 1);
+    let acceptor = &nodes[0][0];
+    let probe = Datagram {
+        answer: false,
+        job: job_identity(&nodes),
+        rank: 1,
+        link: 0,
+        port: 40_001,
+        nonce: 9,
+    }
+    .encode();
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
+    socket.connect(acceptor).expect("connect the UDP socket");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(5)))
+        .expect("a read timeout");
+    std::thread::scope(|s| {
+        let mut rank0 = None;
+        // When the last refused probe was sent: rank 0 bound its UDP socket after it.
+        let mut refused_at = None;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let answered = loop {
+            assert!(Instant::now() < deadline, "rank 0 never answered a probe");
+            let sent = Instant::now();
+            let _ = socket.send(&probe);
+            let mut buf = [0u8; 64];
+            match socket.recv(&mut buf) {
+                Ok(n) => {
+                    let answer = Datagram::decode(&buf[..n]).expect("an answer");
+                    assert!(answer.answer && answer.nonce == 9, "{answer:?}");
+                    break Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    refused_at = Some(sent);
+                    // Rank 0 starts only once a probe was refused.
+                    rank0.get_or_insert_with(|| {
+                        s.spawn(|| connect_ring(&nodes, 0, &options(WireChoice::Auto)))
+                    });
+                }
+                Err(_) => {}
+            }
+        };
+        let refused_at = refused_at.expect("a refused probe");
+        let tried = Instant::now();
+        let connected = std::net::TcpStream::connect(acceptor);
+        if tried - refused_at < QUIET {
+            assert!(
+                connected.is_err(),
+                "rank 0 accepted a connection {:?} after refusing a probe (answered after {:?})",
+                tried - refused_at,
+                answered - refused_at
+            );
+        } else {
+            eprintln!(
+                "this thread stalled {:?} after the refusal: nothing to check",
+                tried - refused_at
+            );
+        }
+        drop(connected);
+        let rank1 = connect_ring(&nodes, 1, &options(WireChoice::Auto));
+        let rank0 = rank0.expect("rank 0 started").join().expect("rank 0");
+        assert_eq!(wires(vec![rank0, rank1]), vec![Wire::Nuvec; 2]);
+    });
 }

@@ -57,6 +57,9 @@ pub(crate) struct Negotiation {
     pub(crate) choice: WireChoice,
     pub(crate) job: u64,
     pub(crate) udp: Vec<Option<UdpSocket>>,
+    /// When the listeners, bound but not listening, start to listen (`None`: they listen
+    /// already).
+    pub(crate) listen_at: Option<Instant>,
 }
 
 /// The first poll token of the UDP sockets beside the listeners (far above the listeners'
@@ -64,6 +67,8 @@ pub(crate) struct Negotiation {
 const UDP_TOKEN: usize = usize::MAX / 2;
 /// The poll token of the socket an opener probes from.
 const PROBE_TOKEN: usize = usize::MAX / 2 - 1;
+/// The listeners' backlog.
+const BACKLOG: i32 = 16;
 /// The most datagrams answered in one go, so that a flood cannot hold up setup.
 const MAX_DATAGRAMS: usize = 64;
 
@@ -81,12 +86,13 @@ pub(crate) fn connect_ring(
     // Probes are answered by ranks that may speak the nuvec wire, in jobs without a key (a
     // key's handshake carries the choice instead).
     let probing = wire != WireChoice::Mlx && key.is_none();
-    // Bind every listener first, so that a left neighbour that connects early finds us; each
-    // UDP socket before its listener, so that a listener that accepts has one that answers.
+    // Bind every UDP socket first, then every TCP socket, so that a left neighbour that
+    // connects early finds them; the listening starts in the driver, the probe's quiet time
+    // after the UDP sockets were bound (see `probe`), answering probes meanwhile.
     let mut listeners = Vec::with_capacity(nodes[rank].len());
     let mut udp = Vec::with_capacity(nodes[rank].len());
     for address in &nodes[rank] {
-        let (_, listener, socket) = listen(address, probing).map_err(&fail)?;
+        let (_, listener, socket) = bind(address, probing).map_err(&fail)?;
         listeners.push((address.clone(), listener));
         udp.push(match socket {
             Some(Ok(socket)) => Some(socket),
@@ -100,10 +106,16 @@ pub(crate) fn connect_ring(
             None => None,
         });
     }
+    let listen_at = if udp.iter().any(Option::is_some) {
+        limits::deadline(Instant::now(), crate::transport::tcp::probe::QUIET)
+    } else {
+        Instant::now()
+    };
     let negotiation = Negotiation {
         choice: wire,
         job: crate::transport::tcp::probe::job_identity(nodes),
         udp,
+        listen_at: Some(listen_at),
     };
     connect_ring_on(
         nodes,
@@ -222,19 +234,37 @@ pub(super) fn retransmission_backoff_cap(
 /// A UDP socket bound beside a listener, or why it could not be (`None`: none was asked).
 type Beside = Option<io::Result<UdpSocket>>;
 
-/// A listening socket on `address` (MLX: `SO_REUSEADDR`, then bind and listen), with `udp`
-/// a UDP socket bound on the same address first.
-fn listen(address: &str, udp: bool) -> Result<(SocketAddr, TcpListener, Beside), String> {
+/// A socket bound on `address` (MLX: `SO_REUSEADDR`, then bind), not listening yet, with
+/// `udp` a UDP socket bound on the same address first.
+fn bind(address: &str, udp: bool) -> Result<(SocketAddr, TcpListener, Beside), String> {
     let addrs = hostfile::resolve(address).map_err(|e| e.to_string())?;
     let mut last = None;
     for addr in addrs {
         let beside = udp.then(|| probing::bind_udp(addr));
-        match listen_at(addr) {
+        match bind_at(addr) {
             Ok(listener) => return Ok((addr, listener, beside)),
             Err(e) => last = Some(format!("cannot listen on {address} ({addr}): {e}")),
         }
     }
     Err(last.unwrap_or_else(|| format!("cannot listen on {address}: it resolves to nothing")))
+}
+
+/// A non-blocking TCP socket bound to `addr`, not listening: a connect to it is refused until
+/// it [`listen`]s.
+fn bind_at(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false).ok();
+    }
+    socket.bind(&SockAddr::from(addr))?;
+    socket.set_nonblocking(true)?;
+    Ok(TcpListener::from_std(socket.into()))
+}
+
+/// Starts `listener`, bound by [`bind_at`], listening (MLX's backlog).
+fn listen(listener: &TcpListener) -> io::Result<()> {
+    socket2::SockRef::from(listener).listen(BACKLOG)
 }
 
 /// A non-blocking listening socket bound to `addr` (port 0: one the system picks).
@@ -245,7 +275,7 @@ pub(crate) fn listen_at(addr: SocketAddr) -> io::Result<TcpListener> {
         socket.set_only_v6(false).ok();
     }
     socket.bind(&SockAddr::from(addr))?;
-    socket.listen(16)?;
+    socket.listen(BACKLOG)?;
     socket.set_nonblocking(true)?;
     Ok(TcpListener::from_std(socket.into()))
 }
@@ -536,6 +566,9 @@ struct Driver<'a> {
     answerer: Option<Answerer>,
     /// How many probes this rank made, and the time they took (what probing adds to setup).
     probed: (u32, Duration),
+    /// When the listeners, bound but not listening, start to listen (`None`: they listen
+    /// already).
+    listen_at: Option<Instant>,
 }
 
 /// An opened connection: its stream, the local link proposed for it, whether it is native.
@@ -553,9 +586,9 @@ impl<'a> Driver<'a> {
         negotiation: Option<Negotiation>,
     ) -> Result<Self, String> {
         let links = nodes[setup.rank()].len();
-        let (choice, job, udp) = match negotiation {
-            Some(n) => (Some(n.choice), n.job, n.udp),
-            None => (None, 0, Vec::new()),
+        let (choice, job, udp, listen_at) = match negotiation {
+            Some(n) => (Some(n.choice), n.job, n.udp, n.listen_at),
+            None => (None, 0, Vec::new(), None),
         };
         // Probes are for jobs without a key, between ranks that may speak the nuvec wire.
         let probes = key.is_none() && choice.is_some_and(|c| c != WireChoice::Mlx);
@@ -578,6 +611,7 @@ impl<'a> Driver<'a> {
             udp,
             answerer,
             probed: (0, Duration::ZERO),
+            listen_at,
         })
     }
 
@@ -619,6 +653,12 @@ impl<'a> Driver<'a> {
                     .registry()
                     .register(socket, Token(UDP_TOKEN + c), Interest::READABLE)
                     .map_err(|e| format!("cannot poll the UDP socket of connection {c}: {e}"))?;
+            }
+        }
+        if let Some(at) = self.listen_at {
+            self.idle_until(at);
+            for (address, listener) in &listeners {
+                listen(listener).map_err(|e| format!("cannot listen on {address}: {e}"))?;
             }
         }
         let mut events = Events::with_capacity(16);

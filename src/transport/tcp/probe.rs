@@ -63,11 +63,19 @@
 //! MLX has no probe. A Python MLX rank sees nothing of it but a datagram to a port it does
 //! not bind, which its kernel refuses.
 //!
-//! One race is left open: a probe refused because the acceptor had not yet bound its UDP
-//! socket, then a connect that succeeds because it has meanwhile listened (a window of the
-//! time between the refusal and the connect, microseconds) makes that link MLX's: the job
-//! then speaks MLX's wire (correct, but not the faster wire), and a job asked for the nuvec
-//! wire (`NUVEC_DISTRIBUTED_WIRE=nuvec`) fails naming the link.
+//! # The acceptor's quiet time
+//!
+//! A refusal proves an acceptor that answers no probe only if the acceptor was already up:
+//! a rank of this crate that has not yet bound its UDP socket refuses the probe too, and if
+//! it binds and listens between the refusal and the opener's connect, that connect succeeds
+//! on an MLX link. (A CI run met this: ranks started as threads at once, and a job asked for
+//! the nuvec wire failed.) So an acceptor listens on TCP no sooner than [`QUIET`] after
+//! binding its UDP sockets, answering probes meanwhile: a connect that succeeds within
+//! [`QUIET`] of a refused probe reached an acceptor whose UDP socket, had it one, was bound
+//! before the probe was sent. Only an opener stalled longer than [`QUIET`] between its probe
+//! and its connect can still meet the race; it logs so, and the job speaks MLX's wire
+//! (correct, but not the faster wire; a job asked for the nuvec wire fails naming the link).
+//! Setup takes [`QUIET`] longer: every rank waits it at once.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -88,6 +96,9 @@ pub const RESEND: Duration = Duration::from_millis(20);
 pub const SENDS: u32 = 3;
 /// The longest the opener waits for an answer, from its first send: [`SENDS`] × [`RESEND`].
 pub const WAIT: Duration = Duration::from_millis(60);
+/// How long an acceptor waits between binding its UDP sockets and listening on TCP (see the
+/// module's docs): longer than an opener takes from a refused probe to its connect.
+pub const QUIET: Duration = Duration::from_millis(100);
 
 const PROBE: u8 = 1;
 const ANSWER: u8 = 2;

@@ -261,6 +261,7 @@ impl Driver<'_> {
         };
         let socket = tcp()?;
         let port = bind_like_connect(&socket, addr);
+        let probed = Instant::now();
         // Held, still bound, until the new socket connects, so that its port differs.
         let mut old = None;
         let (socket, port, native) = match (probing, port) {
@@ -286,6 +287,15 @@ impl Driver<'_> {
         };
         socket.connect_timeout(&SockAddr::from(*addr), within)?;
         drop(old);
+        if native == Err(NotNative::Refused) && probed.elapsed() >= probe::QUIET {
+            // The acceptor may have come up between the refusal and this connect (see
+            // `probe`'s quiet time): the link is MLX's either way, at both ends.
+            self.log.debug(format_args!(
+                "connected to {addr} {:?} after a refused probe: the refusal may have come \
+                 before the acceptor was up",
+                probed.elapsed()
+            ));
+        }
         Ok((socket.into(), proposal, native))
     }
 }
