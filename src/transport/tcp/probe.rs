@@ -69,13 +69,21 @@
 //! a rank of this crate that has not yet bound its UDP socket refuses the probe too, and if
 //! it binds and listens between the refusal and the opener's connect, that connect succeeds
 //! on an MLX link. (A CI run met this: ranks started as threads at once, and a job asked for
-//! the nuvec wire failed.) So an acceptor listens on TCP no sooner than [`QUIET`] after
-//! binding its UDP sockets, answering probes meanwhile: a connect that succeeds within
-//! [`QUIET`] of a refused probe reached an acceptor whose UDP socket, had it one, was bound
-//! before the probe was sent. Only an opener stalled longer than [`QUIET`] between its probe
-//! and its connect can still meet the race; it logs so, and the job speaks MLX's wire
-//! (correct, but not the faster wire; a job asked for the nuvec wire fails naming the link).
-//! Setup takes [`QUIET`] longer: every rank waits it at once.
+//! the nuvec wire failed.) So:
+//!
+//! - an acceptor listens on TCP no sooner than [`QUIET`] after binding its UDP sockets,
+//!   answering probes meanwhile;
+//! - an opener connects after a refusal only if the refusal came within [`QUIET`] / 2 of the
+//!   probe's start, else it probes again (at most [`FRESH_TRIES`] probes in all). The
+//!   refusal took a round trip, so the connect's SYN reaches the acceptor within
+//!   3/2 × [`QUIET`] / 2 < [`QUIET`] of the probe: if the acceptor is listening by then, its
+//!   UDP socket, had it one, was bound before the probe arrived and would have answered.
+//!
+//! What is left: an opener stalled between its refusal and its connect call, or a link whose
+//! round trip exceeds [`QUIET`] / 2 (after [`FRESH_TRIES`] stale refusals it connects anyway),
+//! can still meet an acceptor that came up meanwhile. The opener logs it; that link and so the
+//! job speak MLX's wire (correct, but not the faster wire; a job asked for the nuvec wire fails
+//! naming the link). The quiet time is what setup pays: every rank waits it at once.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -97,8 +105,11 @@ pub const SENDS: u32 = 3;
 /// The longest the opener waits for an answer, from its first send: [`SENDS`] × [`RESEND`].
 pub const WAIT: Duration = Duration::from_millis(60);
 /// How long an acceptor waits between binding its UDP sockets and listening on TCP (see the
-/// module's docs): longer than an opener takes from a refused probe to its connect.
-pub const QUIET: Duration = Duration::from_millis(100);
+/// module's docs): twice the longest round trip a refusal may take to count (Thunderbolt IP
+/// pings 0.4–1 ms), and within the 10 ms a mixed job's setup may grow by.
+pub const QUIET: Duration = Duration::from_millis(5);
+/// How many probes an opener makes, at most, while their refusals come too late to count.
+pub const FRESH_TRIES: u32 = 3;
 
 const PROBE: u8 = 1;
 const ANSWER: u8 = 2;

@@ -159,6 +159,31 @@ impl Driver<'_> {
         outcome
     }
 
+    /// [`timed_probe`](Self::timed_probe), probed again (up to [`probe::FRESH_TRIES`] times in
+    /// all) while a refusal came [`probe::QUIET`] / 2 or more after the probe began: such a
+    /// refusal may be older than the acceptor's quiet time, so a connect after it could reach
+    /// an acceptor that came up meanwhile (see `probe`). `started`: when the last probe began.
+    fn fresh_probe(
+        &mut self,
+        link: usize,
+        to: SocketAddr,
+        port: u16,
+        started: &mut Instant,
+    ) -> Outcome {
+        let mut tries = 0;
+        loop {
+            *started = Instant::now();
+            let outcome = self.timed_probe(link, to, port);
+            tries += 1;
+            if outcome != Outcome::Refused
+                || started.elapsed() < probe::QUIET / 2
+                || tries >= probe::FRESH_TRIES
+            {
+                return outcome;
+            }
+        }
+    }
+
     /// Probes the acceptor at `to` for `link`, announcing TCP source port `port`, answering
     /// this rank's own probes while it waits (see [`probe`]).
     fn probe(&mut self, link: usize, to: SocketAddr, port: u16) -> Outcome {
@@ -261,13 +286,13 @@ impl Driver<'_> {
         };
         let socket = tcp()?;
         let port = bind_like_connect(&socket, addr);
-        let probed = Instant::now();
+        let mut probed = Instant::now();
         // Held, still bound, until the new socket connects, so that its port differs.
         let mut old = None;
         let (socket, port, native) = match (probing, port) {
             (false, _) => (socket, port, self.opened_unprobed()),
             (true, None) => (socket, None, Err(NotNative::NoPort)),
-            (true, Some(port)) => match self.timed_probe(link, *addr, port) {
+            (true, Some(port)) => match self.fresh_probe(link, *addr, port, &mut probed) {
                 Outcome::Answered => (socket, Some(port), Ok(())),
                 Outcome::Refused => (socket, Some(port), Err(NotNative::Refused)),
                 Outcome::TimedOut => {
@@ -289,7 +314,8 @@ impl Driver<'_> {
         drop(old);
         if native == Err(NotNative::Refused) && probed.elapsed() >= probe::QUIET {
             // The acceptor may have come up between the refusal and this connect (see
-            // `probe`'s quiet time): the link is MLX's either way, at both ends.
+            // `probe`'s quiet time): the link is MLX's either way, at both ends (the probe
+            // was refused, so the acceptor answered none announcing this port).
             self.log.debug(format_args!(
                 "connected to {addr} {:?} after a refused probe: the refusal may have come \
                  before the acceptor was up",
