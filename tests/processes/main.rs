@@ -39,4 +39,5 @@ mod split;
 mod split_jaccl;
 mod split_ring;
 mod threads;
+mod upstream;
 mod wire;
