@@ -416,6 +416,10 @@ fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     if let Some(wire) = env.wire()? {
         options.wire = wire;
     }
+    // The flight recorder reads its variables itself, once per process (it serves every group
+    // of it); checked here so that a wrong value fails `init` rather than being ignored.
+    env.record()?;
+    env.record_dir()?;
     Ok(options)
 }
 

@@ -177,7 +177,21 @@ macro_rules! lifecycle_of_core {
                 std::time::Duration,
             ) -> Result<(), $crate::fabric::FabricError>,
         ) -> Result<(), $crate::error::Error> {
-            self.core.operate(op, bytes, body)
+            self.core
+                .operate($crate::collective::record::Call::new(op, bytes), body)
+        }
+
+        /// [`operate`](Self::operate), with what the flight recorder notes of it.
+        fn operate_call(
+            &self,
+            call: $crate::collective::record::Call,
+            body: impl FnOnce(
+                &mut F,
+                &mut $scratch,
+                std::time::Duration,
+            ) -> Result<(), $crate::fabric::FabricError>,
+        ) -> Result<(), $crate::error::Error> {
+            self.core.operate(call, body)
         }
 
         /// The deadline of every operation.

@@ -19,7 +19,8 @@
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use crate::collective::patience::{Reporter, Running};
+use crate::collective::patience::{Both, Reporter, Running};
+use crate::collective::record::{self, Call, Record};
 use crate::config::log::Log;
 use crate::error::Error;
 use crate::fabric::{Fabric, FabricError};
@@ -43,6 +44,8 @@ struct State<F, S> {
     /// Whether a failure releases the fabric (and with it the links) at once, so that peers
     /// waiting for this rank fail too (the nuvec wire) instead of waiting for their deadline.
     close_on_failure: bool,
+    /// The flight recorder's record of this group (`None`: off).
+    record: Option<Record>,
 }
 
 /// How many operations [`State`] remembers for the diagnosis.
@@ -50,7 +53,11 @@ const HISTORY: usize = 64;
 
 impl<F: Fabric, S> State<F, S> {
     /// A fresh state over `fabric`.
-    fn new(fabric: F, scratch: S) -> Self {
+    fn new(rank: usize, mut fabric: F, scratch: S) -> Self {
+        let record = Record::new(rank, fabric.size(), record::capacity());
+        if let Some(record) = &record {
+            fabric.set_patience(record.patience());
+        }
         Self {
             fabric: Some(fabric),
             scratch,
@@ -59,6 +66,7 @@ impl<F: Fabric, S> State<F, S> {
             history: std::collections::VecDeque::with_capacity(HISTORY),
             diagnosis: Vec::new(),
             close_on_failure: false,
+            record,
         }
     }
 
@@ -109,10 +117,10 @@ impl<F: Fabric, S> State<F, S> {
         timeout: Duration,
         log: &Log,
         running: &Running,
-        op: &'static str,
-        bytes: usize,
+        call: Call,
         body: impl FnOnce(&mut F, &mut S, Duration) -> Result<(), FabricError>,
     ) -> Result<(), Error> {
+        let Call { op, bytes, .. } = call;
         if let Some(first) = &self.failed {
             return Err(Error::Failed {
                 rank,
@@ -130,6 +138,10 @@ impl<F: Fabric, S> State<F, S> {
             self.history.pop_front();
         }
         self.history.push_back((seq, op, start));
+        if let Some(record) = self.record.as_mut() {
+            let peers = (0..fabric.size()).filter(|&p| p != rank && fabric.links(p) > 0);
+            record.begin(&call, peers, start);
+        }
         // A zero timeout is none: the deadline never comes.
         let deadline = if timeout.is_zero() {
             Duration::MAX
@@ -139,6 +151,11 @@ impl<F: Fabric, S> State<F, S> {
         running.begin(seq, op, bytes, start, log.slow_after());
         let result = body(fabric, &mut self.scratch, deadline);
         running.end();
+        if result.is_ok()
+            && let Some(record) = self.record.as_mut()
+        {
+            record.end(None);
+        }
         if let Err(source) = result {
             let waited = fabric.now().saturating_sub(start);
             // The peer this rank was waiting for may only have given up because another one
@@ -167,6 +184,10 @@ impl<F: Fabric, S> State<F, S> {
                 log.error(format_args!("{line}"));
             }
             self.failed = Some(error.clone());
+            if let Some(record) = self.record.as_mut() {
+                record.end(Some(&error));
+                record::dump_on_failure();
+            }
             if self.close_on_failure {
                 self.fabric = None;
             }
@@ -201,7 +222,7 @@ impl<F: Fabric, S> Core<F, S> {
             timeout: std::sync::atomic::AtomicU64::new(0),
             log: Log::off(),
             running: Running::default(),
-            state: Mutex::new(State::new(fabric, scratch)),
+            state: Mutex::new(State::new(rank, fabric, scratch)),
         };
         core.set_timeout(timeout);
         core
@@ -216,10 +237,16 @@ impl<F: Fabric, S> Core<F, S> {
     /// [`Log::slow_after`]).
     pub(crate) fn set_log(&mut self, log: Log) {
         self.log = log;
-        if let Some(every) = log.slow_after()
-            && let Some(fabric) = self.lock().fabric.as_mut()
-        {
-            fabric.set_patience(Box::new(Reporter::new(self.running.clone(), log, every)));
+        if let Some(every) = log.slow_after() {
+            let mut state = self.lock();
+            let State { fabric, record, .. } = &mut *state;
+            if let Some(fabric) = fabric.as_mut() {
+                let reporter = Box::new(Reporter::new(self.running.clone(), log, every));
+                fabric.set_patience(match record {
+                    Some(record) => Box::new(Both(reporter, record.patience())),
+                    None => reporter,
+                });
+            }
         }
     }
 
@@ -265,11 +292,11 @@ impl<F: Fabric, S> Core<F, S> {
         }
     }
 
-    /// Runs one operation whose arguments the caller has checked ([`State::operate`]).
+    /// Runs one operation, `call`, whose arguments the caller has checked
+    /// ([`State::operate`]).
     pub(crate) fn operate(
         &self,
-        op: &'static str,
-        bytes: usize,
+        call: Call,
         body: impl FnOnce(&mut F, &mut S, Duration) -> Result<(), FabricError>,
     ) -> Result<(), Error> {
         self.lock().operate(
@@ -277,8 +304,7 @@ impl<F: Fabric, S> Core<F, S> {
             self.timeout(),
             &self.log,
             &self.running,
-            op,
-            bytes,
+            call,
             body,
         )
     }

@@ -107,6 +107,26 @@ impl Patience for Reporter {
     }
 }
 
+/// Two [`Patience`]s as one: the log's reports and the flight recorder's notes.
+pub(crate) struct Both(pub(crate) Box<dyn Patience>, pub(crate) Box<dyn Patience>);
+
+impl Patience for Both {
+    fn due(&self) -> Option<Duration> {
+        match (self.0.due(), self.1.due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn report(&mut self, now: Duration, stall: &Stall) {
+        for p in [&mut self.0, &mut self.1] {
+            if p.due().is_some_and(|due| due <= now) {
+                p.report(now, stall);
+            }
+        }
+    }
+}
+
 /// The report of operation `o` at `now`, waiting for `stall`.
 fn describe(o: &Operation, now: Duration, stall: &Stall) -> String {
     let moved = match stall.direction {

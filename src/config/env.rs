@@ -13,6 +13,8 @@
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | a fixed time a waiting step looks before it parks, 0 to 1 000 000 µs (unset: it adapts) |
 //! | `NUVEC_DISTRIBUTED_LOCAL_LINKS` | `1` (the default) or `0`: whether ring links between ranks on one machine may use shared memory |
 //! | `NUVEC_DISTRIBUTED_WIRE` | `auto` (the default), `mlx` or `nuvec` (any case): which wire the ring may speak (see [`WireChoice`](crate::WireChoice)) |
+//! | `NUVEC_DISTRIBUTED_RECORD` | how many operations each group's flight recorder keeps, 0 to 1 000 000 (default 256), `0`: none |
+//! | `NUVEC_DISTRIBUTED_RECORD_DIR` | a directory where a rank writes its flight record (on a failure, and when asked; see `collective::record`) |
 //! | `JACCL_PROGRESS_TIMEOUT_S` / `MLX_JACCL_PROGRESS_TIMEOUT_S` | JACCL: the longest a wait may go without progress, non-negative seconds, 0 off (`JACCL_*` wins) |
 //!
 //! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the
@@ -57,6 +59,14 @@ pub(crate) const SPIN: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 pub(crate) const LOCAL_LINKS: &str = "NUVEC_DISTRIBUTED_LOCAL_LINKS";
 /// Which wire the ring may speak: `auto`, `mlx` or `nuvec`.
 pub(crate) const WIRE: &str = "NUVEC_DISTRIBUTED_WIRE";
+/// How many operations a flight recorder keeps.
+pub(crate) const RECORD: &str = "NUVEC_DISTRIBUTED_RECORD";
+/// Where a rank writes its flight record.
+pub(crate) const RECORD_DIR: &str = "NUVEC_DISTRIBUTED_RECORD_DIR";
+/// The flight recorder's default capacity, in operations.
+pub(crate) const DEFAULT_RECORD: usize = 256;
+/// The largest capacity `NUVEC_DISTRIBUTED_RECORD` takes.
+const MAX_RECORD: usize = 1_000_000;
 /// Which fabric carries JACCL: `rdma` (the default) or `tcp` (one connection per cable).
 pub(crate) const JACCL_FABRIC: &str = "NUVEC_JACCL_FABRIC";
 /// JACCL's frame rule: `small` (the default, macOS 26.2) or `large` (macOS 26.3 and later).
@@ -335,6 +345,31 @@ impl<'a> Env<'a> {
                  nor 0 (they stay TCP)",
             )),
         }
+    }
+
+    /// How many operations a group's flight recorder keeps, from `NUVEC_DISTRIBUTED_RECORD`
+    /// (0 to 1 000 000), `None` if unset.
+    pub(crate) fn record(&self) -> Result<Option<usize>, ConfigError> {
+        let Some(v) = self.text(RECORD)? else {
+            return Ok(None);
+        };
+        match v.trim().parse::<usize>() {
+            Ok(n) if n <= MAX_RECORD => Ok(Some(n)),
+            _ => Err(bad_value(
+                RECORD,
+                &v,
+                "is not a number of operations from 0 (no record) to 1000000",
+            )),
+        }
+    }
+
+    /// The directory a rank writes its flight record to, from `NUVEC_DISTRIBUTED_RECORD_DIR`,
+    /// `None` if unset or empty.
+    pub(crate) fn record_dir(&self) -> Result<Option<PathBuf>, ConfigError> {
+        Ok(self
+            .raw(RECORD_DIR)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from))
     }
 
     /// Which wire the ring may speak, from `NUVEC_DISTRIBUTED_WIRE` (`auto`, `mlx` or `nuvec`,

@@ -21,6 +21,7 @@ use super::ring;
 use super::wire::Scratch;
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
+use crate::collective::record::Call;
 use crate::collective::reduce::{Reducer, Reduction};
 use crate::collective::split::Splitter;
 use crate::error::Error;
@@ -156,13 +157,13 @@ impl<F: Fabric> JacclCommunicator<F> {
         let name = op.collective();
         let reducer = self.reducer(name, op, dtype, data.len())?;
         let rule = self.rule;
-        self.operate(name, data.len(), |fabric, scratch, deadline| {
-            match &self.layout {
-                Layout::Mesh(m) => mesh::all_reduce(fabric, m, reducer, data, scratch, deadline),
-                Layout::Ring(r) => {
-                    ring::all_reduce(fabric, r, rule, reducer, data, scratch, deadline)
-                }
-            }
+        let call = Call {
+            dtype: Some(dtype),
+            ..Call::new(name, data.len())
+        };
+        self.operate_call(call, |fabric, scratch, deadline| match &self.layout {
+            Layout::Mesh(m) => mesh::all_reduce(fabric, m, reducer, data, scratch, deadline),
+            Layout::Ring(r) => ring::all_reduce(fabric, r, rule, reducer, data, scratch, deadline),
         })
     }
 
@@ -257,25 +258,27 @@ impl<F: Fabric> JacclCommunicator<F> {
     pub fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), Error> {
         self.check_peer("send", dst, false)?;
         let rule = self.rule;
-        self.operate(
-            "send",
-            data.len(),
-            |fabric, scratch, deadline| match &self.layout {
-                Layout::Mesh(m) => mesh::send(fabric, m, dst, data, scratch, deadline),
-                Layout::Ring(r) => ring::send(fabric, r, rule, dst, data, scratch, deadline),
-            },
-        )
+        let call = Call {
+            peer: Some(dst),
+            ..Call::new("send", data.len())
+        };
+        self.operate_call(call, |fabric, scratch, deadline| match &self.layout {
+            Layout::Mesh(m) => mesh::send(fabric, m, dst, data, scratch, deadline),
+            Layout::Ring(r) => ring::send(fabric, r, rule, dst, data, scratch, deadline),
+        })
     }
 
     /// [`Communicator::recv`](nuvec_core::distributed::Communicator::recv) with this crate's error.
     pub fn try_recv(&self, src: usize, data: &mut [u8]) -> Result<(), Error> {
         self.check_peer("recv", src, true)?;
         let rule = self.rule;
-        self.operate("recv", data.len(), |fabric, _, deadline| {
-            match &self.layout {
-                Layout::Mesh(m) => mesh::recv(fabric, m, src, data, deadline),
-                Layout::Ring(r) => ring::recv(fabric, r, rule, src, data, deadline),
-            }
+        let call = Call {
+            peer: Some(src),
+            ..Call::new("recv", data.len())
+        };
+        self.operate_call(call, |fabric, _, deadline| match &self.layout {
+            Layout::Mesh(m) => mesh::recv(fabric, m, src, data, deadline),
+            Layout::Ring(r) => ring::recv(fabric, r, rule, src, data, deadline),
         })
     }
 }

@@ -12,6 +12,7 @@ use super::fingerprint::{Fingerprint, Op};
 use super::{RingTopology, algorithm, relay, schedule};
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
+use crate::collective::record::Call;
 use crate::collective::reduce::{Reducer, Reduction};
 use crate::collective::split::Splitter;
 use crate::config::options::Wire;
@@ -100,7 +101,11 @@ impl<F: Fabric> RingCommunicator<F> {
             self.invalid(op, what)
         })?;
         let ring = &self.ring;
-        self.operate(name, len, |fabric, state, deadline| {
+        let call = Call {
+            dtype: Some(dtype),
+            ..Call::new(name, len)
+        };
+        self.operate_call(call, |fabric, state, deadline| {
             if ring.size() < 2 {
                 return Ok(());
             }
@@ -194,7 +199,11 @@ impl<F: Fabric> RingCommunicator<F> {
     pub fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), Error> {
         self.check_peer("send", dst, true)?;
         let ring = &self.ring;
-        self.operate("send", data.len(), |fabric, state, deadline| {
+        let call = Call {
+            peer: Some(dst),
+            ..Call::new("send", data.len())
+        };
+        self.operate_call(call, |fabric, state, deadline| {
             if self.wire == Wire::Mlx {
                 return algorithm::send(fabric, ring, dst, data, None, deadline);
             }
@@ -209,7 +218,11 @@ impl<F: Fabric> RingCommunicator<F> {
     pub fn try_recv(&self, src: usize, data: &mut [u8]) -> Result<(), Error> {
         self.check_peer("recv", src, false)?;
         let ring = &self.ring;
-        self.operate("recv", data.len(), |fabric, state, deadline| {
+        let call = Call {
+            peer: Some(src),
+            ..Call::new("recv", data.len())
+        };
+        self.operate_call(call, |fabric, state, deadline| {
             if self.wire == Wire::Mlx {
                 return algorithm::recv(fabric, ring, src, data, None, deadline);
             }

@@ -34,6 +34,7 @@ mod jaccl_wires;
 mod launch;
 mod liveness;
 mod mismatch;
+mod record;
 mod ring;
 mod split;
 mod split_jaccl;

@@ -1,0 +1,634 @@
+//! The flight recorder: every group keeps its last operations (sequence number, operation,
+//! dtype, bytes, peers, start and end times, what a waiting step waits for, the outcome), so
+//! that when a job fails or hangs each rank can say where it was, and the launcher can set
+//! the ranks' accounts side by side (`nuvec-launch diagnose`).
+//!
+//! # Cost
+//!
+//! A fixed ring buffer per group ([`capacity`]: `NUVEC_DISTRIBUTED_RECORD`, default 256
+//! operations, `0` turns it off), allocated when the group is made; an operation writes one
+//! slot of atomics at its start and at its end, and two reads of the wall clock. Nothing is
+//! allocated per operation.
+//!
+//! # Reading never blocks a collective
+//!
+//! Only the group's operation writes its slots (under the communicator's lock, so one writer
+//! at a time); a reader (a dump, from any thread) never takes that lock. Each slot is a
+//! sequence lock made of atomics: the writer makes its version odd, writes the fields, makes
+//! it even again; a reader copies the fields between two reads of the version and tries again
+//! (a few times, then leaves the slot out) if they differ or are odd. No `unsafe`: torn reads
+//! are seen and dropped, never used.
+//!
+//! # Files
+//!
+//! With `NUVEC_DISTRIBUTED_RECORD_DIR` set (`nuvec-launch` sets it; set it by hand under
+//! `mlx.launch`), a rank writes its record as JSON lines to `rank-<R>.jsonl` there (R: the rank
+//! of the job, `MLX_RANK`) when one of its groups fails, and when asked: a file `request` in
+//! that directory whose content (a number) changed since the rank last answered. A thread of
+//! the recorder looks for it every 100 ms; a library must not take a signal from its program,
+//! so there is no signal to ask with. The same thread keeps `rank-<R>.progress` current (the
+//! operations completed and when the last one ended), for a launcher that watches for a hang.
+//! Every file is written to a temporary name and renamed, so a reader never sees half of one.
+//! The format (one header line, then one line per operation, oldest first) is in the README's
+//! "When a job fails".
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::{Arc, OnceLock, PoisonError, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nuvec_core::DType;
+
+use crate::collective::reduce::DTYPES;
+use crate::config::env::{self, Env};
+use crate::fabric::{Patience, Stall};
+
+/// The most peers a slot names (a JACCL mesh has at most 7, a ring 2).
+const PEERS: usize = 8;
+/// "No peer" in a slot.
+const NONE: u64 = u64::MAX;
+/// How often the recorder's thread looks for a request.
+const LOOK_EVERY: Duration = Duration::from_millis(100);
+/// How often, at most, the progress file is rewritten.
+const PROGRESS_EVERY: Duration = Duration::from_millis(200);
+/// How often a waiting operation's slot notes what it waits for.
+const NOTE_EVERY: Duration = Duration::from_millis(500);
+/// How many failed operations' error texts a group keeps.
+const ERRORS: usize = 8;
+
+/// The operations a record names, in the order of their codes.
+const OPS: [&str; 8] = [
+    "all_sum",
+    "all_max",
+    "all_min",
+    "all_gather",
+    "send",
+    "recv",
+    "split",
+    "other",
+];
+
+/// What an operation is, as its communicator calls it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Call {
+    /// Its name (`all_sum`, `send`, ...).
+    pub(crate) op: &'static str,
+    /// Its element type, when it has one.
+    pub(crate) dtype: Option<DType>,
+    /// Bytes per rank.
+    pub(crate) bytes: usize,
+    /// For a send or a receive: the peer.
+    pub(crate) peer: Option<usize>,
+}
+
+impl Call {
+    /// Operation `op` of `bytes`, no dtype, no peer.
+    pub(crate) fn new(op: &'static str, bytes: usize) -> Self {
+        Self {
+            op,
+            dtype: None,
+            bytes,
+            peer: None,
+        }
+    }
+}
+
+/// The state of a recorded operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Running = 1,
+    Done = 2,
+    Failed = 3,
+}
+
+/// One slot of the ring buffer: a sequence lock over atomics.
+#[derive(Default)]
+struct Slot {
+    /// Odd while being written; 0: never written.
+    version: AtomicU64,
+    /// The operation's index among those of the group (from 0).
+    index: AtomicU64,
+    seq: AtomicU64,
+    /// op code | dtype index << 8 | state << 16.
+    kind: AtomicU64,
+    bytes: AtomicU64,
+    start_us: AtomicU64,
+    end_us: AtomicU64,
+    /// The peer a waiting step waits on longest, [`NONE`] if none.
+    waiting_on: AtomicU64,
+    /// The bytes that transfer moved so far.
+    waiting_done: AtomicU64,
+    peers: [AtomicU64; PEERS],
+}
+
+/// A copy of one slot, read consistently.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    index: u64,
+    seq: u64,
+    op: &'static str,
+    dtype: Option<DType>,
+    state: State,
+    bytes: u64,
+    start_us: u64,
+    end_us: u64,
+    waiting_on: Option<u64>,
+    waiting_done: u64,
+    peers: Vec<u64>,
+}
+
+impl Slot {
+    /// Copies the slot if a consistent copy can be had in a few tries.
+    fn read(&self) -> Option<Entry> {
+        for _ in 0..8 {
+            let before = self.version.load(Ordering::Acquire);
+            if before == 0 {
+                return None;
+            }
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let kind = self.kind.load(Ordering::Relaxed);
+            let entry = Entry {
+                index: self.index.load(Ordering::Relaxed),
+                seq: self.seq.load(Ordering::Relaxed),
+                op: OPS[(kind & 0xff) as usize % OPS.len()],
+                dtype: DTYPES.get(((kind >> 8) & 0xff) as usize).copied(),
+                state: match (kind >> 16) & 0xff {
+                    2 => State::Done,
+                    3 => State::Failed,
+                    _ => State::Running,
+                },
+                bytes: self.bytes.load(Ordering::Relaxed),
+                start_us: self.start_us.load(Ordering::Relaxed),
+                end_us: self.end_us.load(Ordering::Relaxed),
+                waiting_on: Some(self.waiting_on.load(Ordering::Relaxed)).filter(|&p| p != NONE),
+                waiting_done: self.waiting_done.load(Ordering::Relaxed),
+                peers: self
+                    .peers
+                    .iter()
+                    .map(|p| p.load(Ordering::Relaxed))
+                    .filter(|&p| p != NONE)
+                    .collect(),
+            };
+            fence(Ordering::Acquire);
+            if self.version.load(Ordering::Relaxed) == before {
+                return Some(entry);
+            }
+        }
+        None
+    }
+
+    /// Runs `write` on the slot as its one writer, inside the sequence lock.
+    fn write(&self, write: impl FnOnce(&Slot)) {
+        let v = self.version.load(Ordering::Relaxed);
+        self.version.store(v | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        write(self);
+        self.version.store((v | 1) + 1, Ordering::Release);
+    }
+}
+
+/// The recorded operations of one group, shared by its communicator (the writer) and the
+/// registry of records (the readers).
+struct Ring {
+    /// `world` for the first group of the process, `group-<n>` for the n-th after it.
+    group: String,
+    rank: usize,
+    size: usize,
+    slots: Box<[Slot]>,
+    /// Operations started so far.
+    started: AtomicU64,
+    /// Error texts of failed operations, by operation index (the latest [`ERRORS`]).
+    errors: std::sync::Mutex<Vec<(u64, String)>>,
+    /// The slot of the operation running, plus one (0: none).
+    running: AtomicU64,
+    /// When, on the fabric's clock in nanoseconds, the running operation's wait is next
+    /// noted ([`u64::MAX`]: no operation runs).
+    due: AtomicU64,
+}
+
+/// The writer's side of a group's record, held by its communicator core.
+pub(crate) struct Record {
+    ring: Arc<Ring>,
+    /// The next collective's sequence number.
+    collectives: u64,
+    /// The next send's and receive's sequence number, per peer.
+    sends: Vec<u64>,
+    recvs: Vec<u64>,
+}
+
+/// The process's records, for dumps; the completed operations and when the last ended, for
+/// the progress file.
+struct Registry {
+    rings: std::sync::Mutex<Vec<Weak<Ring>>>,
+    groups: AtomicU64,
+    completed: AtomicU64,
+    last_end_us: AtomicU64,
+}
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| Registry {
+        rings: std::sync::Mutex::new(Vec::new()),
+        groups: AtomicU64::new(0),
+        completed: AtomicU64::new(0),
+        last_end_us: AtomicU64::new(0),
+    })
+}
+
+/// The recorder's settings, read once from the environment (`init` has checked them).
+struct Settings {
+    capacity: usize,
+    dir: Option<PathBuf>,
+    rank: Option<usize>,
+}
+
+fn settings() -> &'static Settings {
+    static SETTINGS: OnceLock<Settings> = OnceLock::new();
+    SETTINGS.get_or_init(|| {
+        let env = Env::process();
+        Settings {
+            capacity: env.record().ok().flatten().unwrap_or(env::DEFAULT_RECORD),
+            dir: env.record_dir().ok().flatten(),
+            rank: env
+                .raw(env::MLX_RANK)
+                .and_then(|r| r.to_str().and_then(|r| r.trim().parse().ok())),
+        }
+    })
+}
+
+/// How many operations a group keeps (`NUVEC_DISTRIBUTED_RECORD`; 0: none).
+pub(crate) fn capacity() -> usize {
+    settings().capacity
+}
+
+/// Microseconds since the Unix epoch, now.
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+impl Record {
+    /// The record of a group in which this process is `rank` of `size`, keeping `capacity`
+    /// operations (`None` if 0), registered for dumps.
+    pub(crate) fn new(rank: usize, size: usize, capacity: usize) -> Option<Self> {
+        if capacity == 0 {
+            return None;
+        }
+        let registry = registry();
+        let n = registry.groups.fetch_add(1, Ordering::Relaxed);
+        let group = if n == 0 {
+            "world".to_owned()
+        } else {
+            format!("group-{n}")
+        };
+        let ring = Arc::new(Ring {
+            group,
+            rank,
+            size,
+            slots: (0..capacity).map(|_| Slot::default()).collect(),
+            started: AtomicU64::new(0),
+            errors: std::sync::Mutex::new(Vec::new()),
+            running: AtomicU64::new(0),
+            due: AtomicU64::new(u64::MAX),
+        });
+        let mut rings = registry
+            .rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        rings.retain(|w| w.strong_count() > 0);
+        rings.push(Arc::downgrade(&ring));
+        drop(rings);
+        watch();
+        Some(Self {
+            ring,
+            collectives: 0,
+            sends: vec![0; size],
+            recvs: vec![0; size],
+        })
+    }
+
+    /// What the fabric tells of a long wait, to note in this record.
+    pub(crate) fn patience(&self) -> Box<dyn Patience> {
+        Box::new(Noting(self.ring.clone()))
+    }
+
+    /// Operation `call` starts at `start` on the fabric's clock, exchanging with `peers` (group
+    /// ranks).
+    pub(crate) fn begin(
+        &mut self,
+        call: &Call,
+        peers: impl Iterator<Item = usize>,
+        start: Duration,
+    ) {
+        let counter = match (call.op, call.peer) {
+            ("send", Some(p)) => self.sends.get_mut(p),
+            ("recv", Some(p)) => self.recvs.get_mut(p),
+            _ => Some(&mut self.collectives),
+        };
+        let seq = counter.map_or(0, |c| {
+            *c += 1;
+            *c - 1
+        });
+        let index = self.ring.started.fetch_add(1, Ordering::Relaxed);
+        let at = (index % self.ring.slots.len() as u64) as usize;
+        let op = OPS
+            .iter()
+            .position(|&o| o == call.op)
+            .unwrap_or(OPS.len() - 1) as u64;
+        let dtype = call
+            .dtype
+            .and_then(|d| DTYPES.iter().position(|&x| x == d))
+            .map_or(0xff, |i| i as u64);
+        let mut named = [NONE; PEERS];
+        let peers = call
+            .peer
+            .into_iter()
+            .chain(peers.filter(|_| call.peer.is_none()));
+        for (slot, peer) in named.iter_mut().zip(peers) {
+            *slot = peer as u64;
+        }
+        self.ring.slots[at].write(|s| {
+            s.index.store(index, Ordering::Relaxed);
+            s.seq.store(seq, Ordering::Relaxed);
+            s.kind.store(
+                op | dtype << 8 | (State::Running as u64) << 16,
+                Ordering::Relaxed,
+            );
+            s.bytes.store(call.bytes as u64, Ordering::Relaxed);
+            s.start_us.store(now_us(), Ordering::Relaxed);
+            s.end_us.store(0, Ordering::Relaxed);
+            s.waiting_on.store(NONE, Ordering::Relaxed);
+            s.waiting_done.store(0, Ordering::Relaxed);
+            for (p, n) in s.peers.iter().zip(named) {
+                p.store(n, Ordering::Relaxed);
+            }
+        });
+        self.ring.running.store(at as u64 + 1, Ordering::Relaxed);
+        self.ring
+            .due
+            .store(nanos(start.saturating_add(NOTE_EVERY)), Ordering::Relaxed);
+    }
+
+    /// The running operation ended, with `error` if it failed.
+    pub(crate) fn end(&mut self, error: Option<&dyn std::fmt::Display>) {
+        self.ring.due.store(u64::MAX, Ordering::Relaxed);
+        let Some(at) = (self.ring.running.swap(0, Ordering::Relaxed) as usize).checked_sub(1)
+        else {
+            return;
+        };
+        let end = now_us();
+        let state = if error.is_some() {
+            State::Failed
+        } else {
+            State::Done
+        };
+        let slot = &self.ring.slots[at];
+        slot.write(|s| {
+            let kind = s.kind.load(Ordering::Relaxed) & 0xffff;
+            s.kind.store(kind | (state as u64) << 16, Ordering::Relaxed);
+            s.end_us.store(end, Ordering::Relaxed);
+            s.waiting_on.store(NONE, Ordering::Relaxed);
+        });
+        if let Some(error) = error {
+            let index = slot.index.load(Ordering::Relaxed);
+            let mut errors = self
+                .ring
+                .errors
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if errors.len() == ERRORS {
+                errors.remove(0);
+            }
+            errors.push((index, error.to_string()));
+        } else {
+            let registry = registry();
+            registry.completed.fetch_add(1, Ordering::Relaxed);
+            registry.last_end_us.store(end, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `d` in nanoseconds, saturated.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1)
+}
+
+/// The [`Patience`] that notes in a record what a waiting operation waits for, every
+/// [`NOTE_EVERY`]. It runs on the fabric's thread, inside the operation: the slot's one writer
+/// still.
+struct Noting(Arc<Ring>);
+
+impl Patience for Noting {
+    fn due(&self) -> Option<Duration> {
+        let due = self.0.due.load(Ordering::Relaxed);
+        (due != u64::MAX).then(|| Duration::from_nanos(due))
+    }
+
+    fn report(&mut self, now: Duration, stall: &Stall) {
+        let Some(at) = (self.0.running.load(Ordering::Relaxed) as usize).checked_sub(1) else {
+            return;
+        };
+        self.0.slots[at].write(|s| {
+            s.waiting_on
+                .store(stall.channel.peer as u64, Ordering::Relaxed);
+            s.waiting_done.store(stall.done as u64, Ordering::Relaxed);
+        });
+        self.0
+            .due
+            .store(nanos(now.saturating_add(NOTE_EVERY)), Ordering::Relaxed);
+    }
+}
+
+impl Ring {
+    /// The recorded operations, oldest first, and how many older ones were overwritten.
+    fn entries(&self) -> (Vec<Entry>, u64) {
+        let mut entries: Vec<Entry> = self.slots.iter().filter_map(Slot::read).collect();
+        entries.sort_by_key(|e| e.index);
+        let started = self.started.load(Ordering::Relaxed);
+        let dropped = started.saturating_sub(self.slots.len() as u64);
+        (entries, dropped)
+    }
+
+    /// One JSON line per recorded operation, appended to `out`.
+    fn lines(&self, out: &mut String) -> u64 {
+        let (entries, dropped) = self.entries();
+        let errors = self
+            .errors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for e in entries {
+            let error = errors
+                .iter()
+                .find(|(i, _)| *i == e.index)
+                .map(|(_, text)| text.as_str());
+            let moved: Vec<[u64; 2]> = e
+                .waiting_on
+                .map(|p| [p, e.waiting_done])
+                .into_iter()
+                .collect();
+            let line = serde_json::json!({
+                "group": self.group,
+                "group_rank": self.rank,
+                "group_size": self.size,
+                "seq": e.seq,
+                "op": e.op,
+                "dtype": e.dtype.map(DType::name),
+                "bytes": e.bytes,
+                "peers": e.peers,
+                "start_us": e.start_us,
+                "end_us": (e.state != State::Running).then_some(e.end_us),
+                "state": match e.state {
+                    State::Running => "running",
+                    State::Done => "done",
+                    State::Failed => "failed",
+                },
+                "waiting_on": e.waiting_on.into_iter().collect::<Vec<_>>(),
+                "moved": moved,
+                "error": error,
+            });
+            let _ = writeln!(out, "{line}");
+        }
+        dropped
+    }
+}
+
+/// The process's record as JSON lines: a header, then every group's operations.
+pub(crate) fn dump_text(reason: &str, request: Option<u64>) -> String {
+    let rings: Vec<Arc<Ring>> = registry()
+        .rings
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    let mut body = String::new();
+    let mut dropped = 0;
+    for ring in &rings {
+        dropped += ring.lines(&mut body);
+    }
+    let world = rings.iter().find(|r| r.group == "world");
+    let header = serde_json::json!({
+        "record": 1,
+        "rank": settings().rank.or(world.map(|w| w.rank)),
+        "size": world.map(|w| w.size),
+        "host": hostname(),
+        "pid": std::process::id(),
+        "reason": reason,
+        "request": request,
+        "at_us": now_us(),
+        "capacity": settings().capacity,
+        "dropped": dropped,
+    });
+    format!("{header}\n{body}")
+}
+
+/// This host's name (for the record's header), `None` if it cannot be read.
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+/// The file name of this rank's record in the record directory.
+fn file_stem() -> String {
+    let rank = settings()
+        .rank
+        .map_or_else(|| format!("pid-{}", std::process::id()), |r| r.to_string());
+    format!("rank-{rank}")
+}
+
+/// Writes `text` to `path` through a temporary file and a rename.
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Writes the process's record to the record directory, if one is set: after a failure.
+pub(crate) fn dump_on_failure() {
+    if let Some(dir) = &settings().dir {
+        let _ = dump_to(dir, "failure", None);
+    }
+}
+
+/// Writes the process's record to `dir`, as `rank-<R>.jsonl`.
+fn dump_to(dir: &Path, reason: &str, request: Option<u64>) -> std::io::Result<PathBuf> {
+    let path = dir.join(format!("{}.jsonl", file_stem()));
+    write_atomically(&path, &dump_text(reason, request))?;
+    Ok(path)
+}
+
+/// Starts the recorder's thread once per process, if a record directory is set: it answers
+/// requests and keeps the progress file current.
+fn watch() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    let Some(dir) = settings().dir.clone() else {
+        return;
+    };
+    STARTED.get_or_init(|| {
+        let _ = std::thread::Builder::new()
+            .name("nuvec-record".into())
+            .spawn(move || watch_loop(&dir));
+    });
+}
+
+/// The recorder's thread: forever, every [`LOOK_EVERY`].
+fn watch_loop(dir: &Path) {
+    let mut look = Look::default();
+    loop {
+        look.at(dir);
+        std::thread::sleep(LOOK_EVERY);
+    }
+}
+
+/// What the recorder's thread remembers between two looks.
+#[derive(Default)]
+struct Look {
+    /// The last request answered.
+    answered: Option<u64>,
+    /// The completed operations the progress file says, and when it was written.
+    written: Option<(u64, std::time::Instant)>,
+}
+
+impl Look {
+    /// One look at `dir`: answers a new request, rewrites the progress file if due.
+    fn at(&mut self, dir: &Path) {
+        if let Some(id) = std::fs::read_to_string(dir.join("request"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            && self.answered != Some(id)
+            && dump_to(dir, "request", Some(id)).is_ok()
+        {
+            self.answered = Some(id);
+        }
+        let registry = registry();
+        let completed = registry.completed.load(Ordering::Relaxed);
+        let due = match self.written {
+            None => true,
+            Some((n, at)) => n != completed && at.elapsed() >= PROGRESS_EVERY,
+        };
+        if due {
+            let text = serde_json::json!({
+                "rank": settings().rank,
+                "completed": completed,
+                "last_end_us": registry.last_end_us.load(Ordering::Relaxed),
+            })
+            .to_string();
+            let progress = dir.join(format!("{}.progress", file_stem()));
+            if write_atomically(&progress, &text).is_ok() {
+                self.written = Some((completed, std::time::Instant::now()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+use super::*;
+use crate::fabric::{Channel, Direction};
+
+/// The lines of `dump_text` that belong to the group of size `size` (tests share the process's
+/// registry, so each uses a size of its own).
+fn lines_of(size: usize) -> Vec<serde_json::Value> {
+    dump_text("test", None)
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+        .filter(|v| v["group_size"] == size)
+        .collect()
+}
+
+fn stall(peer: usize, done: usize) -> Stall {
+    Stall {
+        channel: Channel::new(peer, 0),
+        direction: Direction::Recv,
+        done,
+        total: 4096,
+        heard_ago: None,
+        alive: Some(true),
+    }
+}
+
+#[test]
+fn a_record_keeps_the_last_operations_oldest_first_and_counts_those_it_dropped() {
+    let mut record = Record::new(1, 11, 3).expect("a record");
+    for n in 0..5 {
+        record.begin(&Call::new("all_sum", n), [0, 2].into_iter(), Duration::ZERO);
+        record.end(None);
+    }
+    let (entries, dropped) = record.ring.entries();
+    assert_eq!(dropped, 2);
+    let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, vec![2, 3, 4]);
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.state == State::Done && e.peers == [0, 2])
+    );
+    assert_eq!(Record::new(0, 2, 0).map(|_| ()), None);
+}
+
+#[test]
+fn collectives_are_numbered_per_group_and_sends_and_receives_per_peer() {
+    let mut record = Record::new(0, 12, 16).expect("a record");
+    let send = |peer| Call {
+        peer: Some(peer),
+        ..Call::new("send", 8)
+    };
+    let recv = |peer| Call {
+        peer: Some(peer),
+        ..Call::new("recv", 8)
+    };
+    for call in [
+        Call::new("all_sum", 4),
+        send(1),
+        send(1),
+        recv(1),
+        send(2),
+        Call::new("all_gather", 4),
+    ] {
+        record.begin(&call, [1, 11].into_iter(), Duration::ZERO);
+        record.end(None);
+    }
+    let got: Vec<(&str, u64, Vec<u64>)> = record
+        .ring
+        .entries()
+        .0
+        .into_iter()
+        .map(|e| (e.op, e.seq, e.peers))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("all_sum", 0, vec![1, 11]),
+            ("send", 0, vec![1]),
+            ("send", 1, vec![1]),
+            ("recv", 0, vec![1]),
+            ("send", 0, vec![2]),
+            ("all_gather", 1, vec![1, 11]),
+        ]
+    );
+}
+
+#[test]
+fn a_waiting_operation_says_whom_it_waits_for_and_a_failed_one_its_error() {
+    let mut record = Record::new(2, 13, 8).expect("a record");
+    let mut noting = record.patience();
+    assert_eq!(noting.due(), None);
+    let call = Call {
+        dtype: Some(DType::F32),
+        ..Call::new("all_sum", 4096)
+    };
+    record.begin(&call, [1, 3].into_iter(), Duration::from_secs(10));
+    assert_eq!(noting.due(), Some(Duration::from_secs(10) + NOTE_EVERY));
+    noting.report(Duration::from_secs(11), &stall(3, 1000));
+    assert_eq!(noting.due(), Some(Duration::from_secs(11) + NOTE_EVERY));
+    let lines = lines_of(13);
+    let line = lines.last().expect("the running operation");
+    assert_eq!(line["state"], "running");
+    assert_eq!(line["end_us"], serde_json::Value::Null);
+    assert_eq!(line["waiting_on"], serde_json::json!([3]));
+    assert_eq!(line["moved"], serde_json::json!([[3, 1000]]));
+    assert_eq!(line["dtype"], "float32");
+    assert_eq!(line["bytes"], 4096);
+    record.end(Some(&"rank 3 closed the connection"));
+    assert_eq!(noting.due(), None);
+    let lines = lines_of(13);
+    let line = lines.last().expect("the failed operation");
+    assert_eq!(line["state"], "failed");
+    assert_eq!(line["error"], "rank 3 closed the connection");
+    assert_eq!(line["waiting_on"], serde_json::json!([]));
+    assert!(line["end_us"].as_u64() >= line["start_us"].as_u64());
+    for key in [
+        "group",
+        "group_rank",
+        "group_size",
+        "seq",
+        "op",
+        "dtype",
+        "bytes",
+        "peers",
+        "start_us",
+        "end_us",
+        "state",
+        "waiting_on",
+        "moved",
+        "error",
+    ] {
+        assert!(line.get(key).is_some(), "{key} in {line}");
+    }
+}
+
+#[test]
+fn a_reader_never_sees_a_slot_half_written() {
+    let mut record = Record::new(0, 14, 4).expect("a record");
+    let ring = record.ring.clone();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut seen = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for e in ring.entries().0 {
+                    // Every operation below is written with seq == bytes.
+                    assert_eq!(e.seq, e.bytes, "{e:?}");
+                    seen += 1;
+                }
+            }
+            seen
+        });
+        for n in 0..200_000usize {
+            record.begin(&Call::new("all_max", n), [1].into_iter(), Duration::ZERO);
+            record.end(None);
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(reader.join().expect("the reader") > 0);
+    });
+}
+
+#[test]
+fn a_request_in_the_directory_is_answered_once_with_its_id() {
+    let dir = std::env::temp_dir().join(format!("nuvec-record-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let _record = Record::new(0, 15, 4).expect("a record");
+    let file = dir.join(format!("{}.jsonl", file_stem()));
+    let mut look = Look::default();
+    look.at(&dir);
+    assert!(!file.exists(), "no request, no dump");
+    assert!(dir.join(format!("{}.progress", file_stem())).exists());
+    std::fs::write(dir.join("request"), "7\n").expect("a request");
+    look.at(&dir);
+    let text = std::fs::read_to_string(&file).expect("the dump");
+    let header: serde_json::Value =
+        serde_json::from_str(text.lines().next().expect("a header")).expect("JSON");
+    assert_eq!(header["reason"], "request");
+    assert_eq!(header["request"], 7);
+    assert_eq!(header["record"], 1);
+    std::fs::remove_file(&file).expect("removed");
+    look.at(&dir);
+    assert!(!file.exists(), "a request is answered once");
+    std::fs::write(dir.join("request"), "8").expect("a new request");
+    look.at(&dir);
+    assert!(file.exists(), "a new request is answered");
+    std::fs::remove_dir_all(&dir).expect("cleaned up");
+}
