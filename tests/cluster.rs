@@ -910,14 +910,23 @@ fn with_the_default_timeout_a_cable_pulled_between_collectives_fails_every_rank_
         pause + Duration::from_secs(2),
         "pulled cable between collectives, 5 s link timeout (host 2 of 3)",
     );
+    // The job speaks the nuvec wire, on which a failed rank closes its links at once: a rank
+    // whose neighbour noticed the silence first may see that close instead, at once too. The
+    // silence is what at least one rank names.
+    let mut silent = 0;
     for (r, (_, out, _)) in done.iter().enumerate() {
         let line = out.lines().find(|l| l.starts_with("FAILED")).unwrap_or("");
         assert!(
             field(out, "FAILED", "op_ms").unwrap_or(u128::MAX) < 1000,
             "rank {r}'s next all_sum did not fail at once: {line}"
         );
-        assert!(line.contains("went silent"), "rank {r}: {line}");
+        assert!(
+            line.contains("went silent") || line.contains("closed by the peer"),
+            "rank {r}: {line}"
+        );
+        silent += usize::from(line.contains("went silent"));
     }
+    assert!(silent > 0, "no rank named the silent link");
 }
 
 #[test]

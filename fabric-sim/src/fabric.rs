@@ -156,6 +156,20 @@ impl Fabric for SimFabric {
         self.links.get(peer).copied().unwrap_or(0)
     }
 
+    fn begin_operation(&mut self) {
+        let rank = self.job_rank();
+        let mut world = self.shared.lock();
+        let operation = world.ranks[rank].operations;
+        world.ranks[rank].operations += 1;
+        if world
+            .crash_operations
+            .iter()
+            .any(|&(r, o)| r == rank && o == operation)
+        {
+            world.crash(rank);
+        }
+    }
+
     fn now(&self) -> Duration {
         self.shared.lock().now
     }

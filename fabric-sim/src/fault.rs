@@ -24,6 +24,16 @@ pub enum Fault {
         /// The index of the fabric call at which it crashes.
         call: u64,
     },
+    /// `rank` crashes as it begins its `operation`-th operation (counting from 0 every
+    /// operation its communicators begin, collectives and sends and receives alike, in every
+    /// group): "the second all_sum" of a program of all_sums is operation 1. That operation
+    /// and every later one fail, and all its connections close.
+    CrashAtOperation {
+        /// The rank that crashes.
+        rank: usize,
+        /// The index of the operation at whose start it crashes.
+        operation: u64,
+    },
     /// `rank` crashes at virtual time `at`.
     CrashAt {
         /// The rank that crashes.
@@ -78,6 +88,9 @@ impl World {
         for f in faults {
             match *f {
                 Fault::Crash { rank, call } => self.crash_calls.push((rank, call)),
+                Fault::CrashAtOperation { rank, operation } => {
+                    self.crash_operations.push((rank, operation))
+                }
                 Fault::CrashAt { rank, at } => self.at(at, Event::Crash { rank }),
                 Fault::Stall { rank, at, duration } => self.at(
                     at,

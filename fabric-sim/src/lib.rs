@@ -49,6 +49,7 @@
 //! collects what the world recorded.
 
 pub mod campaign;
+mod default_group;
 mod fabric;
 mod fault;
 mod report;

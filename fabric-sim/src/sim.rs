@@ -18,6 +18,7 @@ use nuvec_distributed::fabric::{ChannelKind, Wiring};
 use nuvec_distributed::jaccl::{FrameRule, JacclCommunicator};
 use nuvec_distributed::{RingCommunicator, Wire};
 
+use crate::default_group;
 use crate::fabric::SimFabric;
 use crate::fault::Fault;
 use crate::report::{Outcome, Report, panic_text};
@@ -176,7 +177,9 @@ impl Sim {
     /// Runs `body` on every rank with its `nuvec_core` group: MLX's ring over this simulated
     /// fabric, speaking [`Sim::wire`] (the nuvec wire unless set), every operation bounded by
     /// `timeout` of virtual time. This is how to test your
-    /// own distributed nuvec code in one process, deterministically:
+    /// own distributed nuvec code in one process, deterministically. Pass the group the body
+    /// gets (`Some(&group)`): the default group (`None`) cannot be every rank's in one process,
+    /// and an operation on it inside a simulated rank fails at once saying so:
     ///
     /// ```
     /// use std::time::Duration;
@@ -202,8 +205,10 @@ impl Sim {
         let links = self
             .ring_links
             .expect("run_ring needs a simulation made by Sim::ring");
+        default_group::install();
         self.run(|fabric| {
             let splitter = SimSplitter::new(&fabric, Shape::Ring { links });
+            let _default = default_group::enter(fabric.job_rank());
             let comm = RingCommunicator::new(fabric, links, timeout)
                 .with_wire(self.wire)
                 .with_splitter(Arc::new(splitter));
@@ -236,11 +241,13 @@ impl Sim {
         F: Fn(Group) -> T + Sync,
     {
         let ring = self.ring_links;
+        default_group::install();
         self.run(|fabric| {
             let shape = match ring {
                 Some(wires) => Shape::JacclRing { wires },
                 None => Shape::Mesh { links: 1 },
             };
+            let _default = default_group::enter(fabric.job_rank());
             let splitter = Arc::new(SimSplitter::new(&fabric, shape));
             let comm = match ring {
                 Some(wires) => JacclCommunicator::ring(fabric, wires, rule, timeout),
@@ -279,7 +286,7 @@ impl Sim {
                         match result {
                             Ok(_) if crashed => Outcome::Crashed,
                             Ok(value) => Outcome::Returned(value),
-                            Err(panic) => Outcome::Panicked(panic_text(&panic)),
+                            Err(panic) => Outcome::Panicked(panic_text(panic.as_ref())),
                         }
                     })
                 })
@@ -289,7 +296,7 @@ impl Sim {
                 .into_iter()
                 .map(|h| {
                     h.join()
-                        .unwrap_or_else(|p| Outcome::Panicked(panic_text(&p)))
+                        .unwrap_or_else(|p| Outcome::Panicked(panic_text(p.as_ref())))
                 })
                 .collect()
         });

@@ -40,6 +40,8 @@ pub(crate) enum RankState {
 pub(crate) struct Rank {
     pub(crate) state: RankState,
     pub(crate) calls: u64,
+    /// The operations its communicators began (see `Fabric::begin_operation`).
+    pub(crate) operations: u64,
     pub(crate) stalled_until: Duration,
     /// Something happened that a waiting rank should look at.
     pub(crate) dirty: bool,
@@ -118,6 +120,8 @@ pub(crate) struct World {
     pub(crate) events: BinaryHeap<Reverse<(Duration, u64, Event)>>,
     pub(crate) event_seq: u64,
     pub(crate) crash_calls: Vec<(usize, u64)>,
+    /// `(rank, operation)`: the rank crashes as it begins that operation.
+    pub(crate) crash_operations: Vec<(usize, u64)>,
     pub(crate) turn: Option<usize>,
     pub(crate) trace: u64,
     pub(crate) latency: Duration,
@@ -169,6 +173,7 @@ impl World {
                 .map(|_| Rank {
                     state: RankState::Ready,
                     calls: 0,
+                    operations: 0,
                     stalled_until: Duration::ZERO,
                     dirty: false,
                     finished: false,
@@ -178,6 +183,7 @@ impl World {
             events: BinaryHeap::new(),
             event_seq: 0,
             crash_calls: Vec::new(),
+            crash_operations: Vec::new(),
             turn: None,
             trace: 0xcbf2_9ce4_8422_2325 ^ seed,
             latency: sim.latency,

@@ -149,6 +149,7 @@ impl<F: Fabric, S> State<F, S> {
             start.saturating_add(timeout)
         };
         running.begin(seq, op, bytes, start, log.slow_after());
+        fabric.begin_operation();
         let result = body(fabric, &mut self.scratch, deadline);
         running.end();
         if result.is_ok()

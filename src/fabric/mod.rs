@@ -467,6 +467,11 @@ pub trait Fabric {
     fn set_patience(&mut self, patience: Box<dyn Patience>) {
         let _ = patience;
     }
+
+    /// An operation of the group over this fabric begins: the communicator's core says so
+    /// before the operation's first step. The default ignores it; the simulator counts
+    /// operations to aim a fault at the k-th one.
+    fn begin_operation(&mut self) {}
 }
 
 impl<F: Fabric + ?Sized> Fabric for &mut F {
@@ -496,6 +501,9 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     }
     fn set_patience(&mut self, patience: Box<dyn Patience>) {
         (**self).set_patience(patience)
+    }
+    fn begin_operation(&mut self) {
+        (**self).begin_operation()
     }
 }
 

@@ -24,5 +24,6 @@ mod pattern_golden;
 mod ring;
 mod smoke;
 mod split;
+mod usability;
 mod wire;
 mod wire_agreement;
