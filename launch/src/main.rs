@@ -49,6 +49,7 @@
 //! temporary file.
 
 mod args;
+mod config;
 mod hosts;
 mod output;
 mod plan;
@@ -86,7 +87,11 @@ fn main() {
 }
 
 fn run() -> i32 {
-    let args = match args::parse(std::env::args_os()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == "config") {
+        return config::main(argv[1..].to_vec());
+    }
+    let args = match args::parse(argv) {
         Ok(args) => args,
         Err(e) => return args::exit_code(&e),
     };
