@@ -4,7 +4,11 @@
 //! nuvec-launch -n 4 target/release/examples/all_sum               # 4 local ranks, ring
 //! nuvec-launch --hosts 10.0.0.1,10.0.0.2 ./my_program             # one rank per host, ssh
 //! nuvec-launch --hostfile jaccl.json --backend jaccl-ring ./prog  # MLX's JSON host file
+//! nuvec-launch config --hosts mac1,mac2 --output-hostfile h.json  # mlx.distributed_config
 //! ```
+//!
+//! `nuvec-launch config ...` (first argument `config`) is [`config`]'s; a program named
+//! `config` is launched as `nuvec-launch -- config`.
 //!
 //! The command line ([`args`]), the hosts ([`hosts`]), the ports, the hostfile
 //! (`MLX_HOSTFILE`) or device file (`MLX_IBV_DEVICES`) and the exported variables ([`plan`])

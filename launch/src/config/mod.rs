@@ -15,7 +15,7 @@
 //! The options, messages, standard output and hostfile are `mlx.distributed_config`'s,
 //! byte for byte where they are data (the hostfile, the setup commands, the `--dot` graph);
 //! tests compare them with MLX's own `config.py` fed the same command outputs. The modules:
-//! [`discover`] reads the commands' outputs, [`plan`] plans (both pure), [`write`] writes the
+//! [`discover`] reads the commands' outputs, [`plan`] plans (both pure), [`mod@write`] writes the
 //! hostfile's JSON, [`ssh`] runs the commands (or replays them from files, `--replay`); this
 //! file is the flow between them.
 //!
@@ -23,6 +23,23 @@
 //! an error naming the host and command (MLX stops with a Python traceback); a command on a
 //! host is bounded by 60 s; log lines are coloured only on a terminal; at the end of standard
 //! input, "Enter to continue" goes on (MLX stops with `EOFError`).
+
+/// `println!` that does not panic when standard output is closed (`| head`): what cannot be
+/// printed is dropped, and the run goes on as it would have.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `print!`, as [`out!`].
+macro_rules! out_part {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
 
 mod discover;
 mod plan;
@@ -44,6 +61,7 @@ use crate::hosts::HostList;
 #[derive(Clone, Debug, PartialEq, Eq, Parser)]
 #[command(
     name = "nuvec-launch config",
+    bin_name = "nuvec-launch config",
     about = "Configure remote machines for use with MLX distributed (as mlx.distributed_config)",
     infer_long_args = true,
     args_override_self = true,
@@ -239,7 +257,7 @@ fn run(args: &ConfigArgs, runner: &dyn Runner) -> Result<(), Exit> {
     let topology = discover_all(&hosts, runner, args.verbose)?;
     if args.dot {
         let names: Vec<String> = hosts.iter().map(|h| h.ssh.clone()).collect();
-        print!("{}", topology.dot(&names));
+        out_part!("{}", topology.dot(&names));
         return Ok(());
     }
     let Ok(addresses) = Addresses::plan(&topology) else {
@@ -442,28 +460,34 @@ fn setup(
     for (i, h) in hosts.iter().enumerate() {
         let command = addresses.setup_commands(i, hosts.len());
         if auto {
-            println!("Running auto setup for {}", h.ssh);
+            out!("Running auto setup for {}", h.ssh);
             let script = command.trim().replace('\n', " ; ");
             let shown =
                 crate::script::shell_join(&["ssh".to_owned(), h.ssh.clone(), script.clone()]);
             info(verbose, &[&shown]);
             let _ = stdout.flush();
             let out = runner.apply(&h.ssh, &script, &shown);
+            // MLX ignores how the setup ended; a failure is at least said here.
             if let Some(why) = out.failure {
                 warn(&[&format!("the setup of {} did not run: {why}", h.ssh)]);
+            } else if !out.success {
+                warn(&[&format!(
+                    "the setup of {} failed (ssh exited with a failure)",
+                    h.ssh
+                )]);
             }
         } else {
             let title = format!("Setup for {}", h.ssh);
-            println!("{title}");
-            println!("{}", "=".repeat(title.chars().count()));
-            println!("{command}");
-            print!("Enter to continue");
+            out!("{title}");
+            out!("{}", "=".repeat(title.chars().count()));
+            out!("{command}");
+            out_part!("Enter to continue");
             let _ = stdout.flush();
             let mut line = String::new();
             // The end of standard input goes on (MLX stops with EOFError).
             let _ = std::io::stdin().lock().read_line(&mut line);
         }
-        println!();
+        out!();
     }
     Ok(())
 }
@@ -480,9 +504,9 @@ fn save(args: &ConfigArgs, hostfile: &plan::Hostfile) -> Result<(), Exit> {
             Exit(1)
         }),
         None => {
-            println!("Hostfile");
-            println!("========");
-            println!("{text}");
+            out!("Hostfile");
+            out!("========");
+            out!("{text}");
             Ok(())
         }
     }

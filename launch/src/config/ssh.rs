@@ -192,7 +192,7 @@ impl Runner for Replay {
     }
 
     fn apply(&self, _host: &str, _script: &str, shown: &str) -> Output {
-        println!("[replay] not run: {shown}");
+        out!("[replay] not run: {shown}");
         Output {
             success: true,
             ..Output::default()
