@@ -299,3 +299,119 @@ fn every_fixture_run_prints_and_writes_what_mlx_distributed_config_does() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// An `ssh` that answers from a fixture cluster (`FAKE_SSH_FIXTURE/HOST/`) and logs every
+/// command line it is given (`FAKE_SSH_LOG`).
+const FAKE_SSH: &str = r#"#!/bin/sh
+echo "$*" >> "$FAKE_SSH_LOG"
+while [ "$1" = "-o" ]; do shift 2; done
+host=$1; shift
+dir=$FAKE_SSH_FIXTURE/$host
+[ -d "$dir" ] || exit 255
+case "$*" in
+  "echo success") echo success ;;
+  "sudo ls") [ -e "$dir/no-sudo" ] && exit 1; exit 0 ;;
+  "system_profiler SPThunderboltDataType -json") cat "$dir/thunderbolt.json" ;;
+  "networksetup -listallhardwareports") cat "$dir/hardware-ports.txt" ;;
+  "ibv_devices") cat "$dir/ibv_devices.txt" 2>/dev/null ;;
+  "ipconfig getifaddr en0") cat "$dir/en0.txt" 2>/dev/null || exit 1 ;;
+  "ipconfig getifaddr en1") cat "$dir/en1.txt" 2>/dev/null || exit 1 ;;
+  *) exit 0 ;;
+esac
+"#;
+
+#[test]
+fn over_ssh_it_runs_mlxs_command_lines_and_prints_what_mlx_does() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("nuvec-config-ssh-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let ssh = dir.join("ssh");
+    std::fs::write(&ssh, FAKE_SSH).expect("the fake ssh is written");
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let log = dir.join("ssh.log");
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |raw: &str| {
+        let _ = std::fs::remove_file(&log);
+        let mut c = Command::new(env!("CARGO_BIN_EXE_nuvec-launch"));
+        c.arg("config")
+            .args(raw.split(' '))
+            .env("PATH", &path)
+            .env("FAKE_SSH_FIXTURE", fixtures().join("two-macs-one-cable"))
+            .env("FAKE_SSH_LOG", &log);
+        let got = transcript(c, raw, &dir.join("none.json"));
+        let lines = std::fs::read_to_string(&log).unwrap_or_default();
+        (got, lines)
+    };
+
+    // Without --replay, over (this) ssh: the same transcript as MLX's recorded run.
+    let (got, _) = run("--hosts mac-a,mac-b");
+    let expected = std::fs::read_to_string(fixtures().join("two-macs-one-cable/expected/auto.txt"))
+        .expect("the recorded MLX run");
+    assert_eq!(got, expected);
+
+    // With --auto-setup: MLX's command lines, the reachability checks (in parallel, so in any
+    // order) first.
+    let (got, lines) = run("--hosts mac-a,mac-b --auto-setup");
+    assert!(
+        got.contains(
+            "--- stdout\nRunning auto setup for mac-a\n\nRunning auto setup for mac-b\n\nHostfile\n"
+        ),
+        "{got}"
+    );
+    let lines: Vec<&str> = lines.lines().collect();
+    let mut checks = lines[..4].to_vec();
+    checks.sort_unstable();
+    assert_eq!(
+        checks,
+        [
+            "-o BatchMode=yes -o ConnectTimeout=5 mac-a echo success",
+            "-o BatchMode=yes -o ConnectTimeout=5 mac-a sudo ls",
+            "-o BatchMode=yes -o ConnectTimeout=5 mac-b echo success",
+            "-o BatchMode=yes -o ConnectTimeout=5 mac-b sudo ls",
+        ]
+    );
+    assert_eq!(
+        lines[4..],
+        [
+            "mac-a system_profiler SPThunderboltDataType -json",
+            "mac-b system_profiler SPThunderboltDataType -json",
+            "mac-a networksetup -listallhardwareports",
+            "mac-b networksetup -listallhardwareports",
+            "mac-a ibv_devices",
+            "mac-b ibv_devices",
+            "mac-a ipconfig getifaddr en0",
+            "mac-b ipconfig getifaddr en0",
+            "mac-a sudo ifconfig bridge0 down ; sudo ifconfig en2 inet 192.168.0.1 netmask 255.255.255.252 ; sudo route change 192.168.0.2 -interface en2",
+            "mac-b sudo ifconfig bridge0 down ; sudo ifconfig en2 inet 192.168.0.2 netmask 255.255.255.252 ; sudo route change 192.168.0.1 -interface en2",
+        ]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn one_host_is_not_a_cluster_to_cable_and_says_so() {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nuvec-launch"));
+    c.args([
+        "config",
+        "--replay",
+        "two-macs-one-cable",
+        "--hosts",
+        "mac-a",
+    ]);
+    let got = transcript(
+        c,
+        "--hosts mac-a",
+        &std::env::temp_dir().join("nuvec-config-none.json"),
+    );
+    assert!(
+        got.contains("exit: 1\n")
+            && got.contains(
+                "[ERROR] Thunderbolt links need two or more hosts; the hosts to configure are: mac-a"
+            ),
+        "{got}"
+    );
+}

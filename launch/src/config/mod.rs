@@ -20,7 +20,9 @@
 //! file is the flow between them.
 //!
 //! Differences from MLX: `--replay DIR` is this tool's; a host whose output cannot be read is
-//! an error naming the host and command (MLX stops with a Python traceback); a command on a
+//! an error naming the host and command (MLX stops with a Python traceback), and so is a
+//! Thunderbolt plan for fewer than two hosts (MLX stops with a `ValueError` when they have
+//! RDMA); a command on a
 //! host is bounded by 60 s; log lines are coloured only on a terminal; at the end of standard
 //! input, "Enter to continue" goes on (MLX stops with `EOFError`).
 
@@ -259,6 +261,20 @@ fn run(args: &ConfigArgs, runner: &dyn Runner) -> Result<(), Exit> {
         let names: Vec<String> = hosts.iter().map(|h| h.ssh.clone()).collect();
         out_part!("{}", topology.dot(&names));
         return Ok(());
+    }
+    // MLX goes on with fewer than two hosts and stops with a Python error (or, without RDMA,
+    // says no ring was found): there is nothing to cable.
+    if hosts.len() < 2 {
+        let names: Vec<&str> = hosts.iter().map(|h| h.ssh.as_str()).collect();
+        error(&[&format!(
+            "Thunderbolt links need two or more hosts; the hosts to configure are: {}",
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        )]);
+        return Err(Exit(1));
     }
     let Ok(addresses) = Addresses::plan(&topology) else {
         error(&["Ran out of available local IPs (192.168.0.0/16 has 16384 /30s)"]);
@@ -609,20 +625,22 @@ mod tests {
                 .map(|e| (e.iface.clone(), e.ip.clone()))
                 .collect()
         };
-        // mac-a's Thunderbolt 1 (en2) is cabled to mac-b's 2 (en3), its 3 (en4) to mac-b's 1 (en2).
+        // mac-a (a Mac mini: Thunderbolt 1, 2, 3 on en9, en8, en10) has its receptacle 1 cabled
+        // to mac-b's 2 (en3) and its 3 to mac-b's 1 (en2): sorted by interface, en10 comes
+        // first, and mac-b lists the cables in mac-a's order.
         let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
         assert_eq!(
             ends(0, 1),
-            [s("en2", "192.168.0.1"), s("en4", "192.168.0.5")]
+            [s("en10", "192.168.0.1"), s("en9", "192.168.0.5")]
         );
         assert_eq!(
             ends(1, 0),
-            [s("en3", "192.168.0.2"), s("en2", "192.168.0.6")]
+            [s("en2", "192.168.0.2"), s("en3", "192.168.0.6")]
         );
         let j = plan::jaccl_hostfile(&named, &addresses, &[]);
         assert_eq!(
             j.hosts[1].rdma[0],
-            plan::Devices::Many(vec!["rdma_en3".into(), "rdma_en2".into()])
+            plan::Devices::Many(vec!["rdma_en2".into(), "rdma_en3".into()])
         );
     }
 
