@@ -23,7 +23,8 @@
 //! an error naming the host and command (MLX stops with a Python traceback), and so is a
 //! Thunderbolt plan for fewer than two hosts (MLX stops with a `ValueError` when they have
 //! RDMA); a command on a
-//! host is bounded by 60 s; log lines are coloured only on a terminal; at the end of standard
+//! host is bounded by 60 s; a host name starting with `-` is refused (ssh would read it as an
+//! option); unknown keys of a `--hostfile` are warned about, as `nuvec-launch` warns; log lines are coloured only on a terminal; at the end of standard
 //! input, "Enter to continue" goes on (MLX stops with `EOFError`).
 
 /// `println!` that does not panic when standard output is closed (`| head`): what cannot be
@@ -197,6 +198,20 @@ fn run(args: &ConfigArgs, runner: &dyn Runner) -> Result<(), Exit> {
             return Err(Exit(2));
         }
     };
+    for w in &list.warnings {
+        warn(&[w]);
+    }
+    // `ssh -evil` would take the name as an option (MLX does not check).
+    if let Some(h) = list.hosts.iter().find(|h| h.ssh.starts_with('-')) {
+        eprintln!(
+            "{}",
+            ConfigArgs::command_error(&format!(
+                "The host name {:?} starts with '-', which ssh would take as an option",
+                h.ssh
+            ))
+        );
+        return Err(Exit(2));
+    }
     let names: Vec<&str> = list.hosts.iter().map(|h| h.ssh.as_str()).collect();
     info(
         args.verbose,

@@ -109,8 +109,7 @@ fn bounded(mut command: Command, timeout: Duration) -> Output {
             let _ = child.wait();
             return Output {
                 failure: Some(format!(
-                    "{shown} did not finish within {} s and was killed",
-                    timeout.as_secs()
+                    "{shown} did not finish within {timeout:?} and was killed"
                 )),
                 ..Output::default()
             };
@@ -197,5 +196,40 @@ impl Runner for Replay {
             success: true,
             ..Output::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_that_does_not_end_is_killed_at_its_deadline_and_said_so() {
+        let started = std::time::Instant::now();
+        let mut c = Command::new("sleep");
+        c.arg("30");
+        let out = bounded(c, Duration::from_millis(200));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(!out.success);
+        let why = out.failure.expect("a failure");
+        assert!(
+            why.contains("did not finish within 200ms and was killed"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_command_that_ends_gives_its_output_and_status() {
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo rdma_en2; exit 3"]);
+        let out = bounded(c, COMMAND_TIMEOUT);
+        assert_eq!((out.success, out.stdout.as_str()), (false, "rdma_en2\n"));
+        assert_eq!(out.failure, None);
+        let out = bounded(Command::new("/nonexistent/ssh"), COMMAND_TIMEOUT);
+        assert!(out.failure.expect("a failure").contains("could not start"));
     }
 }
