@@ -67,7 +67,8 @@ stopped (SIGTERM, then SIGKILL after 5 s) and nuvec-launch exits with the failin
 status (128+N for signal N); 0 when every rank succeeds. Usage errors exit with 2.
 
 `nuvec-launch config` plans a cluster's Thunderbolt cabling and writes its host file, as
-mlx.distributed_config does (`nuvec-launch config --help`)."
+mlx.distributed_config does (`nuvec-launch config --help`); `nuvec-launch doctor` checks each
+host against a host file (`nuvec-launch doctor --help`)."
 )]
 pub(crate) struct Args {
     /// Print debug messages (what is launched, each rank's end) on stderr, and set

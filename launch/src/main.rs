@@ -7,8 +7,9 @@
 //! nuvec-launch config --hosts mac1,mac2 --output-hostfile h.json  # mlx.distributed_config
 //! ```
 //!
-//! `nuvec-launch config ...` (first argument `config`) is [`config`]'s; a program named
-//! `config` is launched as `nuvec-launch -- config`.
+//! `nuvec-launch config ...` and `nuvec-launch doctor ...` (first argument `config` or
+//! `doctor`) are [`config`]'s and [`doctor`]'s; a program of either name is launched as
+//! `nuvec-launch -- config`.
 //!
 //! The command line ([`args`]), the hosts ([`hosts`]), the ports, the hostfile
 //! (`MLX_HOSTFILE`) or device file (`MLX_IBV_DEVICES`) and the exported variables ([`plan`])
@@ -54,6 +55,7 @@
 
 mod args;
 mod config;
+mod doctor;
 mod hosts;
 mod output;
 mod plan;
@@ -94,6 +96,9 @@ fn run() -> i32 {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == "config") {
         return config::main(argv[1..].to_vec());
+    }
+    if argv.get(1).is_some_and(|a| a == "doctor") {
+        return doctor::main(argv[1..].to_vec());
     }
     let args = match args::parse(argv) {
         Ok(args) => args,

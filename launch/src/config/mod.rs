@@ -44,9 +44,9 @@ macro_rules! out_part {
     }};
 }
 
-mod discover;
+pub(crate) mod discover;
 mod plan;
-mod ssh;
+pub(crate) mod ssh;
 mod write;
 
 use std::ffi::OsString;

@@ -18,6 +18,7 @@
 //! | `networksetup -listallhardwareports`          | `hardware-ports.txt` | fails, no output |
 //! | `ibv_devices`                                 | `ibv_devices.txt`  | no output          |
 //! | `ipconfig getifaddr en0` (and `en1`)          | `en0.txt`, `en1.txt` | no output        |
+//! | `ifconfig` (`nuvec-launch doctor`)            | `ifconfig.txt`     | fails, no output   |
 //!
 //! With `--auto-setup` a replay prints the ssh command it would run instead of running it.
 
@@ -72,7 +73,7 @@ impl Runner for Ssh {
 
 /// Runs `command` with standard input closed and standard error inherited, killing it after
 /// `timeout`.
-fn bounded(mut command: Command, timeout: Duration) -> Output {
+pub(crate) fn bounded(mut command: Command, timeout: Duration) -> Output {
     let shown = format!("{command:?}");
     let mut child = match command
         .stdin(Stdio::null())
@@ -181,6 +182,7 @@ impl Runner for Replay {
             THUNDERBOLT => self.file(host, "thunderbolt.json"),
             HARDWARE_PORTS => self.file(host, "hardware-ports.txt"),
             IBV_DEVICES => quiet(self.file(host, "ibv_devices.txt")),
+            "ifconfig" => self.file(host, "ifconfig.txt"),
             "ipconfig getifaddr en0" => quiet(self.file(host, "en0.txt")),
             "ipconfig getifaddr en1" => quiet(self.file(host, "en1.txt")),
             other => Output {
