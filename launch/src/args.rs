@@ -64,7 +64,11 @@ Ranks whose host is 127.0.0.1 or localhost are started directly, the others with
 `ssh -tt HOST SCRIPT` as mlx.launch does. Each line a rank prints is prefixed with
 \"[rank R] \"; standard input is sent to every rank. When a rank fails the others are
 stopped (SIGTERM, then SIGKILL after 5 s) and nuvec-launch exits with the failing rank's
-status (128+N for signal N); 0 when every rank succeeds. Usage errors exit with 2."
+status (128+N for signal N); 0 when every rank succeeds. Usage errors exit with 2.
+
+`nuvec-launch config` plans a cluster's Thunderbolt cabling and writes its host file, as
+mlx.distributed_config does (`nuvec-launch config --help`); `nuvec-launch doctor` checks each
+host against a host file (`nuvec-launch doctor --help`)."
 )]
 pub(crate) struct Args {
     /// Print debug messages (what is launched, each rank's end) on stderr, and set

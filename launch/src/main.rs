@@ -4,7 +4,12 @@
 //! nuvec-launch -n 4 target/release/examples/all_sum               # 4 local ranks, ring
 //! nuvec-launch --hosts 10.0.0.1,10.0.0.2 ./my_program             # one rank per host, ssh
 //! nuvec-launch --hostfile jaccl.json --backend jaccl-ring ./prog  # MLX's JSON host file
+//! nuvec-launch config --hosts mac1,mac2 --output-hostfile h.json  # mlx.distributed_config
 //! ```
+//!
+//! `nuvec-launch config ...` and `nuvec-launch doctor ...` (first argument `config` or
+//! `doctor`) are [`config`]'s and [`doctor`]'s; a program of either name is launched as
+//! `nuvec-launch -- config`.
 //!
 //! The command line ([`args`]), the hosts ([`hosts`]), the ports, the hostfile
 //! (`MLX_HOSTFILE`) or device file (`MLX_IBV_DEVICES`) and the exported variables ([`plan`])
@@ -49,6 +54,8 @@
 //! temporary file.
 
 mod args;
+mod config;
+mod doctor;
 mod hosts;
 mod output;
 mod plan;
@@ -86,7 +93,14 @@ fn main() {
 }
 
 fn run() -> i32 {
-    let args = match args::parse(std::env::args_os()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == "config") {
+        return config::main(argv[1..].to_vec());
+    }
+    if argv.get(1).is_some_and(|a| a == "doctor") {
+        return doctor::main(argv[1..].to_vec());
+    }
+    let args = match args::parse(argv) {
         Ok(args) => args,
         Err(e) => return args::exit_code(&e),
     };

@@ -1,0 +1,93 @@
+//! A host's network interfaces, from macOS's `ifconfig` (sans-IO).
+//!
+//! An interface starts at a line without leading whitespace (`en2: flags=8863<UP,...> mtu
+//! 1500`); its indented lines give its IPv4 addresses (`inet 192.168.0.1 netmask ...`), a
+//! bridge's members (`member: en2 flags=...`) and the link state (`status: active`).
+
+/// One interface as `ifconfig` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Interface {
+    /// Its name (`en2`, `bridge0`).
+    pub(crate) name: String,
+    /// Whether its flags include `UP`.
+    pub(crate) up: bool,
+    /// Its MTU, when shown.
+    pub(crate) mtu: Option<u32>,
+    /// Its IPv4 addresses.
+    pub(crate) inet: Vec<String>,
+    /// A bridge's member interfaces.
+    pub(crate) members: Vec<String>,
+    /// `status:` (`active`, `inactive`), when shown.
+    pub(crate) status: Option<String>,
+}
+
+/// The interfaces of `ifconfig`'s output, in its order.
+pub(crate) fn interfaces(text: &str) -> Vec<Interface> {
+    let mut all: Vec<Interface> = Vec::new();
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if !line.starts_with(char::is_whitespace) {
+            let Some((name, rest)) = line.split_once(':') else {
+                continue;
+            };
+            let flags = rest
+                .split_once('<')
+                .and_then(|(_, f)| f.split_once('>'))
+                .map_or("", |(f, _)| f);
+            let mtu = rest
+                .split_whitespace()
+                .skip_while(|w| *w != "mtu")
+                .nth(1)
+                .and_then(|m| m.parse().ok());
+            all.push(Interface {
+                name: name.to_owned(),
+                up: flags.split(',').any(|f| f == "UP"),
+                mtu,
+                ..Interface::default()
+            });
+            continue;
+        }
+        let Some(current) = all.last_mut() else {
+            continue;
+        };
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("inet"), Some(addr)) => current.inet.push(addr.to_owned()),
+            (Some("member:"), Some(member)) => current.members.push(member.to_owned()),
+            (Some("status:"), Some(status)) => current.status = Some(status.to_owned()),
+            _ => {}
+        }
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_members_mtu_and_state_belong_to_their_interface() {
+        let text = "lo0: flags=8049<UP,LOOPBACK,RUNNING,MULTICAST> mtu 16384\n\
+            \tinet 127.0.0.1 netmask 0xff000000\n\
+            en0: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 1500\n\
+            \tether 00:00:00:00:00:01\n\
+            \tinet6 fe80::1%en0 prefixlen 64 secured scopeid 0x4\n\
+            \tinet 10.0.1.11 netmask 0xffffff00 broadcast 10.0.1.255\n\
+            \tstatus: active\n\
+            en2: flags=8822<BROADCAST,SMART,SIMPLEX,MULTICAST> mtu 1500\n\
+            \tstatus: inactive\n\
+            bridge0: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 1500\n\
+            \tmember: en2 flags=3<LEARNING,DISCOVER>\n\
+            \tmember: en3 flags=3<LEARNING,DISCOVER>\n";
+        let all = interfaces(text);
+        let names: Vec<&str> = all.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["lo0", "en0", "en2", "bridge0"]);
+        assert_eq!(all[1].inet, ["10.0.1.11"]);
+        assert_eq!(all[1].mtu, Some(1500));
+        assert!(all[1].up && !all[2].up && all[3].up);
+        assert_eq!(all[2].status.as_deref(), Some("inactive"));
+        assert_eq!(all[3].members, ["en2", "en3"]);
+    }
+}
