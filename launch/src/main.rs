@@ -49,6 +49,7 @@
 //! temporary file.
 
 mod args;
+mod failure;
 mod hosts;
 mod output;
 mod plan;
@@ -65,6 +66,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, after, never, select, tick};
 
+use crate::failure::{Ending, Exit, Level};
 use crate::hosts::HostList;
 use crate::plan::{Plan, RankPlan};
 
@@ -231,12 +233,12 @@ fn descendants(root: u32) -> Vec<u32> {
     found
 }
 
-/// The status a shell would report: the exit code, or 128 + the signal.
-fn status_code(status: &ExitStatus) -> i32 {
+/// How a process ended, from its status.
+fn ending(status: &ExitStatus) -> Ending {
     match (status.code(), status.signal()) {
-        (Some(code), _) => code,
-        (None, Some(sig)) => 128 + sig,
-        (None, None) => 1,
+        (Some(code), _) => Ending::Code(code),
+        (None, Some(sig)) => Ending::Signal(sig),
+        (None, None) => Ending::Code(1),
     }
 }
 
@@ -371,8 +373,13 @@ enum Output {
 struct Rank {
     plan: RankPlan,
     child: Option<Child>,
-    /// The exit status once known (or the code of a failed start).
-    code: Option<i32>,
+    /// How it ended once known (or the code of a failed start).
+    code: Option<Ending>,
+    /// When its end was seen: the poll that reaped it and the time since the job started.
+    seen: Option<(u64, Duration)>,
+    /// Its last lines of standard error (of its terminal too, for an ssh rank, whose
+    /// standard error is merged in it), for the failure summary.
+    tail: failure::Tail,
     /// Whether this launcher stopped it.
     stopped: bool,
     /// The remote PID file the rank's script printed first (remote ranks only).
@@ -395,6 +402,10 @@ struct Job {
     open_streams: usize,
     /// Remote kill scripts started to stop remote ranks.
     kill_scripts: Vec<Child>,
+    /// When the job started.
+    start: Instant,
+    /// How many times the ranks' exit statuses were polled.
+    polls: u64,
 }
 
 impl Job {
@@ -406,6 +417,8 @@ impl Job {
                 plan: r.clone(),
                 child: None,
                 code: None,
+                seen: None,
+                tail: failure::Tail::default(),
                 stopped: false,
                 pidfile: None,
                 awaiting_pidfile: !r.local,
@@ -417,6 +430,8 @@ impl Job {
             output: crossbeam_channel::bounded(PENDING_LINES),
             open_streams: 0,
             kill_scripts: Vec::new(),
+            start: Instant::now(),
+            polls: 0,
         }
     }
 
@@ -448,7 +463,7 @@ impl Job {
 
         let stdin_wanted = forward_stdin();
         let mut stdins = Vec::new();
-        let mut failure: Option<(usize, i32)> = None;
+        let mut failed = false;
         for i in 0..self.ranks.len() {
             match self.spawn(i, &file_path, &launcher_cwd, stdin_wanted) {
                 Ok(mut child) => {
@@ -457,8 +472,9 @@ impl Job {
                     self.ranks[i].child = Some(child);
                 }
                 Err(code) => {
-                    self.ranks[i].code = Some(code);
-                    failure = Some((i, code));
+                    self.ranks[i].code = Some(Ending::Code(code));
+                    self.ranks[i].seen = Some((0, self.start.elapsed()));
+                    failed = true;
                     break;
                 }
             }
@@ -469,12 +485,48 @@ impl Job {
             drop(stdins);
         }
 
-        let code = self.supervise(failure, &mut watchdog);
+        self.supervise(failed, &mut watchdog);
         self.drain();
         self.finish_kill_scripts();
+        let code = self.summarize();
         drop(file);
         watchdog.finish();
         code
+    }
+
+    /// Prints the failure summary ([`failure::summary`]) and returns the job's status: the
+    /// first failure's, 0 when every rank succeeded.
+    fn summarize(&self) -> i32 {
+        let mut exits: Vec<Exit> = self
+            .ranks
+            .iter()
+            .filter_map(|r| {
+                let ending = r.code?;
+                let (poll, seen) = r.seen.unwrap_or((u64::MAX, Duration::MAX));
+                Some(Exit {
+                    rank: r.plan.rank,
+                    ending,
+                    poll,
+                    seen,
+                    stopped: r.stopped,
+                    tail: r.tail.lines(),
+                })
+            })
+            .collect();
+        exits.sort_by_key(|e| (e.poll, e.rank));
+        for (level, line) in failure::summary(&exits) {
+            match level {
+                Level::Error => log("31", "[ERROR]", &line),
+                Level::Warn => warn(&line),
+            }
+        }
+        match failure::culprit(&exits) {
+            Some(c) => exits[c].ending.status(),
+            None => exits
+                .iter()
+                .find(|e| e.ending.failed())
+                .map_or(0, |e| e.ending.status()),
+        }
     }
 
     /// Starts rank `i`; on failure reports it and returns the shell's status for it (127 for
@@ -556,17 +608,17 @@ impl Job {
                 } else {
                     126
                 };
-                warn(&format!(
-                    "Node with rank {} exited with code {code}",
-                    rank.rank
-                ));
                 Err(code)
             }
         }
     }
 
-    /// Prints one line as if rank `rank` had printed it.
-    fn say(&self, rank: usize, to_stderr: bool, line: &str) {
+    /// Prints one line as if rank `rank` had printed it (kept for the failure summary when
+    /// on standard error).
+    fn say(&mut self, rank: usize, to_stderr: bool, line: &str) {
+        if to_stderr {
+            self.keep(rank, line.as_bytes());
+        }
         let text = format!("[rank {rank}] {line}\n");
         if to_stderr {
             let _ = std::io::stderr().lock().write_all(text.as_bytes());
@@ -620,6 +672,9 @@ impl Job {
                 return;
             }
         }
+        if stderr || !r.plan.local {
+            self.keep(rank, &line);
+        }
         let text = output::prefixed(rank, &line);
         if stderr {
             let _ = std::io::stderr().lock().write_all(&text);
@@ -630,26 +685,39 @@ impl Job {
         }
     }
 
-    /// Waits for every rank, printing their output; once one fails, stops the others.
-    /// Returns the job's status.
-    fn supervise(&mut self, mut failure: Option<(usize, i32)>, watchdog: &mut Watchdog) -> i32 {
+    /// Keeps `line` as one of rank `rank`'s last lines.
+    fn keep(&mut self, rank: usize, line: &[u8]) {
+        self.ranks[rank].tail.push(&String::from_utf8_lossy(line));
+    }
+
+    /// Waits for every rank, printing their output; once one fails (`failed`: a rank could
+    /// not start), stops the others, [`failure::SETTLE`] later so that a rank already
+    /// failing on its own is reaped rather than stopped.
+    fn supervise(&mut self, mut failed: bool, watchdog: &mut Watchdog) {
         let verbose = self.plan.verbose;
         let lines = self.output.1.clone();
         let ticker = tick(POLL);
-        // SIGKILL for the ranks still running, then giving up on them: set once stopping.
+        // Stopping the ranks still running, SIGKILL for them, then giving up on them.
+        let mut stop_at = never();
         let mut kill_at = never();
         let mut give_up_at = never();
+        let mut settling = false;
         let mut stopping = false;
+        let mut stop_now = false;
         let mut check = true;
         loop {
             if check {
                 check = false;
-                self.reap(&mut failure, watchdog);
+                failed |= self.reap(watchdog);
                 if !self.ranks.iter().any(Rank::running) {
                     break;
                 }
             }
-            if failure.is_some() && !stopping {
+            if failed && !settling {
+                settling = true;
+                stop_at = after(failure::SETTLE);
+            }
+            if stop_now && !stopping {
                 stopping = true;
                 kill_at = after(GRACE);
                 // The PID file lines already read, so that the kill scripts can use them.
@@ -669,6 +737,10 @@ impl Job {
                     }
                 }
                 recv(ticker) -> _ => check = true,
+                recv(stop_at) -> _ => {
+                    stop_at = never();
+                    stop_now = true;
+                }
                 recv(kill_at) -> _ => {
                     kill_at = never();
                     give_up_at = after(KILL_WAIT);
@@ -685,13 +757,16 @@ impl Job {
                 }
             }
         }
-        failure.map_or(0, |(_, code)| code)
     }
 
-    /// Collects the exit status of every rank that has ended since the last call, and
-    /// records the first failure.
-    fn reap(&mut self, failure: &mut Option<(usize, i32)>, watchdog: &mut Watchdog) {
+    /// Collects the exit status of every rank that has ended since the last call, with
+    /// when it was seen; true if one of them failed on its own (not stopped by the
+    /// launcher). The lines saying how each ended are the summary's ([`Job::summarize`]).
+    fn reap(&mut self, watchdog: &mut Watchdog) -> bool {
         let verbose = self.plan.verbose;
+        self.polls += 1;
+        let seen = (self.polls, self.start.elapsed());
+        let mut failed = false;
         for r in &mut self.ranks {
             let Some(child) = &mut r.child else { continue };
             if r.code.is_some() {
@@ -706,23 +781,19 @@ impl Job {
                 }
             };
             watchdog.tell("del", child.id());
-            let code = status_code(&status);
-            r.code = Some(code);
-            let rank = r.plan.rank;
-            if r.stopped {
-                warn(&format!("Node with rank {rank} was killed"));
-            } else if status.success() {
-                info(verbose, &format!("Node with rank {rank} completed"));
-            } else {
-                match status.signal() {
-                    Some(sig) => warn(&format!(
-                        "Node with rank {rank} was terminated by signal {sig}"
-                    )),
-                    None => warn(&format!("Node with rank {rank} exited with code {code}")),
-                }
-                failure.get_or_insert((rank, code));
+            let end = ending(&status);
+            r.code = Some(end);
+            r.seen = Some(seen);
+            if !end.failed() {
+                info(
+                    verbose,
+                    &format!("Node with rank {} completed", r.plan.rank),
+                );
+            } else if !r.stopped {
+                failed = true;
             }
         }
+        failed
     }
 
     /// Prints what is left of the ranks' output, for at most [`DRAIN`].

@@ -42,7 +42,37 @@ fn launched_rank() {
         // JACCL over TCP (`NUVEC_JACCL_FABRIC=tcp`) or RDMA, as the job says.
         Ok("jaccl") => println!("RESULT {}", launched_all_sum()),
         Ok("dump") => dump_rank(),
+        Ok("fail-after-all-sum") => fail_after_all_sum(),
         _ => {}
+    }
+}
+
+/// Runs one all_sum; then rank 1 fails as `NUVEC_LAUNCH_TEST_FAILURE` says (`panic`, or
+/// `sigkill`: it sends itself SIGKILL) while the others run a second all_sum, print its error
+/// and exit with code 3, as a program that handles the error would.
+fn fail_after_all_sum() {
+    use nuvec_core::{array, distributed};
+    let first = launched_all_sum();
+    println!("FIRST {first}");
+    let rank = nuvec_distributed::init(true).expect("the group").rank();
+    if rank == 1 {
+        match std::env::var("NUVEC_LAUNCH_TEST_FAILURE").as_deref() {
+            Ok("sigkill") => {
+                let _ = Command::new("kill")
+                    .args(["-s", "KILL", &std::process::id().to_string()])
+                    .status();
+                // SIGKILL is not deferred; this is only reached if `kill` could not run.
+                std::process::exit(99);
+            }
+            _ => panic!("rank 1 fails on purpose after its first all_sum"),
+        }
+    }
+    match distributed::all_sum(&array![1.0f32], None).to_vec::<f32>() {
+        Ok(v) => println!("SECOND {v:?}"),
+        Err(e) => {
+            eprintln!("rank {rank}: {e}");
+            std::process::exit(3);
+        }
     }
 }
 
@@ -810,4 +840,148 @@ echo ready; sleep 30 & wait"#;
         "{pidfile}"
     );
     assert!(!Path::new(&pidfile).exists(), "{pidfile} was not removed");
+}
+
+/// `nuvec-launch -n 4` of [`fail_after_all_sum`] with rank 1 failing as `how` says.
+fn failing_job(name: &str, how: &str) -> Ran {
+    let _job = procs::exclusive();
+    let tmp = scratch(name);
+    let port = free_ports(4).to_string();
+    let failure = format!("NUVEC_LAUNCH_TEST_FAILURE={how}");
+    let mut args = vec![
+        "-n",
+        "4",
+        "--starting-port",
+        &port,
+        "--env",
+        "NUVEC_LAUNCH_TEST_ROLE=fail-after-all-sum",
+        "--env",
+        &failure,
+        "--env",
+        "NUVEC_DISTRIBUTED_TIMEOUT=20",
+        "--",
+    ];
+    let command = rank_command();
+    args.extend(command.iter().map(String::as_str));
+    let done = run(&mut nuvec_launch(&tmp, &args), Duration::from_secs(120));
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+    done
+}
+
+/// The launcher's own lines (`[ERROR] ...`, `[WARN] ...`) in `stderr`, in order.
+fn launcher_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("[ERROR] ") || l.starts_with("[WARN] "))
+        .collect()
+}
+
+#[test]
+fn a_rank_that_panics_is_named_first_with_its_message_and_its_status_is_the_jobs() {
+    for attempt in 0..3 {
+        let done = failing_job(&format!("panic-{attempt}"), "panic");
+        assert_eq!(done.code, Some(101), "{}", done.describe());
+        let ours = launcher_lines(&done.stderr);
+        assert!(
+            ours.first()
+                .is_some_and(|l| l.starts_with("[ERROR] rank 1 failed first: exit code 101, ")),
+            "{}",
+            done.describe()
+        );
+        assert!(
+            ours.iter()
+                .any(|l| l.contains("rank 1 fails on purpose after its first all_sum")),
+            "the panic's message is in the summary: {}",
+            done.describe()
+        );
+        let nodes: Vec<&&str> = ours
+            .iter()
+            .filter(|l| l.contains("Node with rank"))
+            .collect();
+        assert_eq!(
+            nodes.first().map(|l| **l),
+            Some("[WARN] Node with rank 1 exited with code 101"),
+            "{}",
+            done.describe()
+        );
+        assert!(
+            !ours
+                .iter()
+                .any(|l| l.contains("rank 1") && l.contains("killed")),
+            "{}",
+            done.describe()
+        );
+        let consequence = ours.last().copied().unwrap_or_default();
+        assert!(
+            consequence.starts_with("[ERROR] in consequence: "),
+            "{}",
+            done.describe()
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_is_sigkilled_is_named_with_the_signal_and_the_job_exits_137() {
+    let done = failing_job("sigkill", "sigkill");
+    assert_eq!(done.code, Some(137), "{}", done.describe());
+    let ours = launcher_lines(&done.stderr);
+    assert!(
+        ours.first().is_some_and(
+            |l| l.starts_with("[ERROR] rank 1 failed first: signal SIGKILL (status 137), ")
+        ),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        ours.contains(&"[WARN] Node with rank 1 exited with code 137 (signal SIGKILL)"),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        !ours
+            .iter()
+            .any(|l| l.contains("rank 1") && l.contains("killed")),
+        "the culprit is never called killed: {}",
+        done.describe()
+    );
+}
+
+#[test]
+fn a_host_that_ssh_cannot_resolve_shows_sshs_own_message() {
+    let _job = procs::exclusive();
+    let tmp = scratch("ssh-host");
+    let hostfile = tmp.join("hosts.json");
+    std::fs::write(
+        &hostfile,
+        r#"[{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]},
+            {"ssh": "nuvec-launch-test.invalid", "ips": ["127.0.0.1"]}]"#,
+    )
+    .expect("write the host file");
+    let hostfile = hostfile.display().to_string();
+    let done = run(
+        &mut nuvec_launch(&tmp, &["--hostfile", &hostfile, "--", "sleep", "30"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code, Some(255), "{}", done.describe());
+    assert!(
+        done.stderr
+            .contains("[rank 1] ssh: Could not resolve hostname nuvec-launch-test.invalid"),
+        "{}",
+        done.describe()
+    );
+    let ours = launcher_lines(&done.stderr);
+    assert!(
+        ours.first()
+            .is_some_and(|l| l.starts_with("[ERROR] rank 1 failed first: exit code 255")),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        ours.iter()
+            .any(|l| l.contains("ssh: Could not resolve hostname")),
+        "ssh's message is in the summary: {}",
+        done.describe()
+    );
+    std::fs::remove_file(&hostfile).expect("remove the host file");
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
 }
