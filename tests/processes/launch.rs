@@ -1259,3 +1259,58 @@ exec sleep 30"#;
     );
     assert_eq!(empty.code, Some(1), "{}", empty.describe());
 }
+
+#[test]
+fn a_remote_ranks_record_is_fetched_over_ssh_after_a_failure() {
+    let _job = procs::exclusive();
+    let tmp = scratch("remote-records");
+    let bin = tmp.join("bin");
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    // A stand-in for ssh, first on PATH: runs its last argument (the script) here.
+    let ssh = bin.join("ssh");
+    std::fs::write(
+        &ssh,
+        "#!/bin/sh\nfor script; do :; done\nexec bash -c \"$script\"\n",
+    )
+    .expect("the fake ssh");
+    let made = Command::new("chmod").arg("+x").arg(&ssh).status();
+    assert!(made.is_ok_and(|s| s.success()), "chmod");
+    // Rank 1 (through "ssh") writes its record in the remote directory and fails.
+    let script = r#"d=$NUVEC_DISTRIBUTED_RECORD_DIR; r=$MLX_RANK
+if [ "$r" = 1 ]; then
+  printf '{"record":1,"rank":1,"size":2,"host":"far","pid":%s,"reason":"failure","request":null,"at_us":1764760009000000,"capacity":256,"dropped":0}\n{"group":"world","group_rank":1,"group_size":2,"seq":0,"op":"all_max","dtype":"int32","bytes":64,"peers":[0],"start_us":1764760000002000,"end_us":1764760000003000,"state":"failed","waiting_on":[],"moved":[[0,0]],"error":"rank 1: far away"}\n' $$ > "$d/rank-1.jsonl"
+  echo "wrote $d" >&2; exit 4
+fi
+exec sleep 30"#;
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let done = run(
+        nuvec_launch(
+            &tmp,
+            &["--hosts", "127.0.0.1,127.0.0.2", "--", "sh", "-c", script],
+        )
+        .env("PATH", path),
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code, Some(4), "{}", done.describe());
+    assert!(
+        done.stderr
+            .contains("- the first failure by time: rank 1, all_max #0: rank 1: far away"),
+        "{}",
+        done.describe()
+    );
+    let remote = done
+        .stderr
+        .lines()
+        .find_map(|l| l.split_once("wrote ").map(|(_, d)| d.trim().to_owned()))
+        .unwrap_or_else(|| panic!("{}", done.describe()));
+    assert!(remote.starts_with("/tmp/nuvec-launch-records-"), "{remote}");
+    assert!(!Path::new(&remote).exists(), "{remote} was not removed");
+    // The "remote" script's own mktemp files (PID file, hostfile) stay, as mlx.launch's do
+    // on a remote host; the launcher's local record directory does not.
+    let left = entries(&tmp);
+    assert!(!left.iter().any(|n| n.contains("records")), "{left:?}");
+}
