@@ -1016,6 +1016,8 @@ const MISMATCH: &str = "different operations at the same step: rank 1 is in all_
 /// A running `nuvec-launch` whose output is read line by line.
 struct Live {
     child: std::process::Child,
+    /// Its standard input, when [`Live::start_fed`] started it.
+    stdin: Option<std::process::ChildStdin>,
     stdout: std::sync::mpsc::Receiver<Option<String>>,
     stderr: std::sync::mpsc::Receiver<Option<String>>,
     seen: Vec<String>,
@@ -1023,8 +1025,16 @@ struct Live {
 
 impl Live {
     fn start(cmd: &mut Command) -> Live {
+        Live::spawn(cmd.stdin(Stdio::null()))
+    }
+
+    /// As [`Live::start`], with a pipe for its standard input.
+    fn start_fed(cmd: &mut Command) -> Live {
+        Live::spawn(cmd.stdin(Stdio::piped()))
+    }
+
+    fn spawn(cmd: &mut Command) -> Live {
         let mut child = cmd
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -1032,6 +1042,7 @@ impl Live {
         let stdout = lines(child.stdout.take().expect("stdout"));
         let stderr = lines(child.stderr.take().expect("stderr"));
         Live {
+            stdin: child.stdin.take(),
             child,
             stdout,
             stderr,
@@ -1313,4 +1324,51 @@ exec sleep 30"#;
     // on a remote host; the launcher's local record directory does not.
     let left = entries(&tmp);
     assert!(!left.iter().any(|n| n.contains("records")), "{left:?}");
+}
+
+#[test]
+fn in_a_terminal_ctrl_c_reaches_the_launcher_only_and_standard_input_still_reaches_the_ranks() {
+    use std::io::Write;
+    // util-linux's `script` gives the launcher a terminal, whose Ctrl-C byte the terminal
+    // turns into SIGINT for its foreground process group.
+    let has_script = Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("util-linux")
+        });
+    if !has_script {
+        eprintln!("skipped: no util-linux `script` to give the launcher a terminal");
+        return;
+    }
+    let _job = procs::exclusive();
+    let tmp = scratch("terminal");
+    let launcher = format!(
+        "{} -n 2 -- sh -c 'echo ready; while read -r l; do echo \"got $l\"; done; echo eof'",
+        nuvec_launch_binary().display()
+    );
+    let mut cmd = Command::new("script");
+    cmd.args(["-qec", &launcher, "/dev/null"])
+        .env("TMPDIR", &*tmp)
+        .env_remove("COLUMNS")
+        .env_remove("LINES");
+    let mut live = Live::start_fed(&mut cmd);
+    live.wait_for(2, |l| l.contains("] ready"));
+    let mut terminal = live.stdin.take().expect("script's input");
+    terminal.write_all(b"hello\n").expect("type a line");
+    live.wait_for(2, |l| l.contains("] got hello"));
+    terminal.write_all(&[3]).expect("type Ctrl-C");
+    live.wait_for(1, |l| l.contains("press it again to stop the job"));
+    // The ranks were not interrupted: they still read the terminal's lines.
+    terminal.write_all(b"again\n").expect("type a line");
+    live.wait_for(2, |l| l.contains("] got again"));
+    terminal.write_all(&[3]).expect("type Ctrl-C");
+    let code = live.finish();
+    let output = live.seen.join("\n");
+    assert_eq!(code, Some(130), "{output}");
+    assert!(
+        output.contains("Ctrl-C again: stopping the job"),
+        "{output}"
+    );
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
 }
