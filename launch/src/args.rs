@@ -63,8 +63,14 @@ pub(crate) fn usage_error(what: impl Into<String>) -> UsageError {
 Ranks whose host is 127.0.0.1 or localhost are started directly, the others with
 `ssh -tt HOST SCRIPT` as mlx.launch does. Each line a rank prints is prefixed with
 \"[rank R] \"; standard input is sent to every rank. When a rank fails the others are
-stopped (SIGTERM, then SIGKILL after 5 s) and nuvec-launch exits with the failing rank's
-status (128+N for signal N); 0 when every rank succeeds. Usage errors exit with 2.
+stopped (SIGTERM, then SIGKILL after 5 s), nuvec-launch names the first rank to fail (by
+time) with its last lines and the ranks' flight records, and exits with its status (128+N
+for signal N); 0 when every rank succeeds. The first Ctrl-C prints where every rank is (its
+flight record); the second stops the job. Usage errors exit with 2.
+
+`nuvec-launch diagnose [--json] DIR` merges the records of a job (rank-R.jsonl files, as
+--dump-records keeps them, or as ranks started by mlx.launch write them to
+NUVEC_DISTRIBUTED_RECORD_DIR).
 
 `nuvec-launch config` plans a cluster's Thunderbolt cabling and writes its host file, as
 mlx.distributed_config does (`nuvec-launch config --help`); `nuvec-launch doctor` checks each
@@ -133,9 +139,55 @@ pub(crate) struct Args {
     /// Launch the command with this python interpreter
     #[arg(long)]
     pub(crate) python: Option<String>,
+    /// Keep the ranks' flight records (rank-R.jsonl) in this directory, rather than in a
+    /// temporary one removed at the end; read them with `nuvec-launch diagnose DIR`
+    #[arg(long, value_name = "DIR")]
+    pub(crate) dump_records: Option<PathBuf>,
+    /// When no rank has completed an operation for this many seconds, ask the ranks for
+    /// their records and print where each one is (as the first Ctrl-C does)
+    #[arg(long, value_name = "S", value_parser = seconds)]
+    pub(crate) hang_report: Option<std::time::Duration>,
     /// The command each rank runs, and its arguments
     #[arg(value_name = "COMMAND", trailing_var_arg = true)]
     pub(crate) command: Vec<String>,
+}
+
+/// `nuvec-launch diagnose [--json] DIR`: the flight recorder's files of a job, merged.
+#[derive(Clone, Debug, PartialEq, Eq, Parser)]
+#[command(
+    name = "nuvec-launch diagnose",
+    about = "Merge the flight recorder's files of a job (rank-R.jsonl, written by the ranks to \
+             NUVEC_DISTRIBUTED_RECORD_DIR) into one table, a row per rank, and say where the \
+             ranks disagree, which is behind, which is gone and which failed first"
+)]
+pub(crate) struct DiagnoseArgs {
+    /// Print the table and the findings as one JSON object, for scripts
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// The directory holding the rank-R.jsonl files
+    #[arg(value_name = "DIR")]
+    pub(crate) dir: PathBuf,
+}
+
+/// Parses `diagnose`'s arguments (`argv[0]` is `diagnose`).
+///
+/// # Errors
+///
+/// `clap`'s, as for [`parse`].
+pub(crate) fn parse_diagnose<I, T>(argv: I) -> Result<DiagnoseArgs, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    DiagnoseArgs::try_parse_from(argv)
+}
+
+/// A positive number of seconds.
+fn seconds(value: &str) -> Result<std::time::Duration, String> {
+    match value.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(std::time::Duration::from_secs_f64(s)),
+        _ => Err(format!("{value:?} is not a positive number of seconds")),
+    }
 }
 
 /// Python's `int()` on a command-line value.

@@ -26,9 +26,21 @@
 //! Each line a rank prints goes to the same stream of `nuvec-launch`, prefixed with
 //! `[rank R] `, and standard input is copied to every rank (only while `nuvec-launch` is in
 //! the terminal's foreground when standard input is a terminal). When a rank exits with a
-//! failure, every other rank is stopped (SIGTERM to it and its descendants, SIGKILL after
-//! 5 s; remote ranks also through `mlx.launch`'s PID-file kill script) and `nuvec-launch`
-//! exits with the failing rank's status (128 + N when signal N ended it).
+//! failure, every other rank is stopped ([`failure::SETTLE`] later, so that a rank already
+//! failing on its own is reaped as a failure: SIGTERM to it and its descendants, SIGKILL
+//! after 5 s; remote ranks also through `mlx.launch`'s PID-file kill script). Then the
+//! failure summary ([`failure`]) names the first rank to fail *by time* (not the lowest
+//! rank), with its status or signal and its last lines, keeps MLX's `Node with rank R exited
+//! with code C` lines (the culprit's first), says what the others did in consequence, and
+//! under it the ranks' flight records, merged ([`records`]); `nuvec-launch` exits with the
+//! culprit's status (128 + N when signal N ended it).
+//!
+//! Every rank gets `NUVEC_DISTRIBUTED_RECORD_DIR`, a directory per job ([`collect`]): the
+//! ranks write their flight records there when they fail or when asked. The first Ctrl-C,
+//! or `--hang-report S` seconds without a completed operation, asks every rank for its
+//! record and prints the merged table (the hang report); the second Ctrl-C stops the job
+//! (exit 130). `nuvec-launch diagnose DIR` merges a directory of records left by any
+//! launcher (`--dump-records DIR` keeps this one's).
 //!
 //! # The output pump
 //!
@@ -42,23 +54,29 @@
 //! the main thread may still signal its PID, which could by then be another process's.
 //!
 //! This file is the one that has side effects (processes, pipes, the temporary file, the
-//! watchdog), which is why it is longer than the others (about 800 lines): the rest of the
+//! watchdog, the reports), which is why it is longer than the others (about 1100 lines): the rest of the
 //! crate is pure and unit-tested, this file is tested end to end by the main crate's
 //! `tests/processes/launch.rs`.
 //!
-//! Signals: there is no signal handler (that needs `unsafe` or a dependency). Local ranks
-//! stay in `nuvec-launch`'s process group, so Ctrl-C in a terminal reaches every one of them
-//! directly, as with `mlx.launch`. When `nuvec-launch` itself dies (Ctrl-C, SIGTERM, SIGKILL,
-//! ...), a small watchdog process (`sh`, in its own process group, which notices the end of
-//! its standard input) waits 1 s, sends SIGTERM to the ranks still running and removes the
-//! temporary file.
+//! Signals: SIGINT is handled (by `signal-hook`'s thread, which turns it into a message on
+//! a channel the main loop selects on; installing a handler is `unsafe`, which this crate
+//! leaves to that crate). So that a Ctrl-C in the terminal reaches the launcher only, every
+//! rank (its process, or its `ssh`) is started in a process group of its own; the ranks
+//! never read the terminal (their standard input is a pipe or `/dev/null`), so being out of
+//! its foreground group changes nothing for them. SIGTERM, SIGKILL and SIGHUP keep their
+//! default action: when `nuvec-launch` itself dies, a small watchdog process (`sh`, in its
+//! own process group, which notices the end of its standard input) waits 1 s, sends SIGTERM
+//! to the ranks still running and removes the temporary file and record directory.
 
 mod args;
+mod collect;
 mod config;
 mod doctor;
+mod failure;
 mod hosts;
 mod output;
 mod plan;
+mod records;
 mod script;
 
 use std::fs::OpenOptions;
@@ -72,6 +90,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, after, never, select, tick};
 
+use crate::failure::{Ending, Exit, Level};
 use crate::hosts::HostList;
 use crate::plan::{Plan, RankPlan};
 
@@ -99,6 +118,9 @@ fn run() -> i32 {
     }
     if argv.get(1).is_some_and(|a| a == "doctor") {
         return doctor::main(argv[1..].to_vec());
+    }
+    if argv.get(1).is_some_and(|a| a == "diagnose") {
+        return diagnose(&argv[1..]);
     }
     let args = match args::parse(argv) {
         Ok(args) => args,
@@ -133,7 +155,84 @@ fn run() -> i32 {
         plan.verbose,
         &format!("Running {}", script::shell_join(&args.command)),
     );
-    Job::new(plan).run()
+    let interrupts = interrupts(plan.verbose);
+    let extras = Extras {
+        dump_records: args.dump_records.clone(),
+        hang_report: args.hang_report,
+        interrupts,
+    };
+    Job::new(plan, extras).run()
+}
+
+/// SIGINT as a channel: a thread of `signal-hook` sends one message per Ctrl-C. Installing
+/// it replaces the default action (ending this process), which is what lets the first
+/// Ctrl-C print the hang report; if it cannot be installed, Ctrl-C ends the launcher as
+/// before (its watchdog then stops the ranks).
+fn interrupts(verbose: bool) -> Receiver<()> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    match signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT]) {
+        Ok(mut signals) => {
+            std::thread::spawn(move || {
+                for _ in signals.forever() {
+                    if tx.send(()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Err(e) => info(verbose, &format!("no SIGINT handler: {e}")),
+    }
+    rx
+}
+
+/// What a job needs besides its plan.
+struct Extras {
+    /// `--dump-records`.
+    dump_records: Option<PathBuf>,
+    /// `--hang-report`.
+    hang_report: Option<Duration>,
+    /// One message per SIGINT.
+    interrupts: Receiver<()>,
+}
+
+/// `nuvec-launch diagnose [--json] DIR`: prints the merged records of `DIR`; exits 1 when
+/// the directory cannot be read or holds no record.
+fn diagnose(argv: &[std::ffi::OsString]) -> i32 {
+    let args = match args::parse_diagnose(argv) {
+        Ok(args) => args,
+        Err(e) => return args::exit_code(&e),
+    };
+    let (found, problems) = match records::read_dir(&args.dir) {
+        Ok(read) => read,
+        Err(e) => {
+            log("31", "[ERROR]", &format!("cannot read the records: {e}"));
+            return 1;
+        }
+    };
+    let empty = found.is_empty();
+    let diagnosis = records::diagnose(&found, None, &[], problems);
+    let text = if args.json {
+        match serde_json::to_string_pretty(&diagnosis) {
+            Ok(text) => text + "\n",
+            Err(e) => {
+                log("31", "[ERROR]", &format!("cannot write JSON: {e}"));
+                return 1;
+            }
+        }
+    } else {
+        records::render(&diagnosis)
+    };
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    if empty {
+        log(
+            "31",
+            "[ERROR]",
+            &format!("no rank-R.jsonl record in {}", args.dir.display()),
+        );
+        return 1;
+    }
+    0
 }
 
 fn usage_failure(e: &args::UsageError) -> i32 {
@@ -245,12 +344,12 @@ fn descendants(root: u32) -> Vec<u32> {
     found
 }
 
-/// The status a shell would report: the exit code, or 128 + the signal.
-fn status_code(status: &ExitStatus) -> i32 {
+/// How a process ended, from its status.
+fn ending(status: &ExitStatus) -> Ending {
     match (status.code(), status.signal()) {
-        (Some(code), _) => code,
-        (None, Some(sig)) => 128 + sig,
-        (None, None) => 1,
+        (Some(code), _) => Ending::Code(code),
+        (None, Some(sig)) => Ending::Signal(sig),
+        (None, None) => Ending::Code(1),
     }
 }
 
@@ -318,7 +417,7 @@ if [ -n "$pids" ]; then
     while [ $i -lt 50 ] && alive; do sleep 0.1; i=$((i+1)); done
   fi
 fi
-rm -f -- "$@"
+rm -rf -- "$@"
 "#;
 
 struct Watchdog(Option<(Child, ChildStdin)>);
@@ -385,8 +484,13 @@ enum Output {
 struct Rank {
     plan: RankPlan,
     child: Option<Child>,
-    /// The exit status once known (or the code of a failed start).
-    code: Option<i32>,
+    /// How it ended once known (or the code of a failed start).
+    code: Option<Ending>,
+    /// When its end was seen: the poll that reaped it and the time since the job started.
+    seen: Option<(u64, Duration)>,
+    /// Its last lines of standard error (of its terminal too, for an ssh rank, whose
+    /// standard error is merged in it), for the failure summary.
+    tail: failure::Tail,
     /// Whether this launcher stopped it.
     stopped: bool,
     /// The remote PID file the rank's script printed first (remote ranks only).
@@ -409,10 +513,20 @@ struct Job {
     open_streams: usize,
     /// Remote kill scripts started to stop remote ranks.
     kill_scripts: Vec<Child>,
+    /// When the job started.
+    start: Instant,
+    /// `--dump-records`, `--hang-report`, the SIGINTs.
+    extras: Extras,
+    /// The job's record directory, when it could be made.
+    records: Option<collect::RecordDir>,
+    /// Whether a second Ctrl-C stopped the job.
+    interrupted: bool,
+    /// How many times the ranks' exit statuses were polled.
+    polls: u64,
 }
 
 impl Job {
-    fn new(plan: Plan) -> Job {
+    fn new(plan: Plan, extras: Extras) -> Job {
         let ranks = plan
             .ranks
             .iter()
@@ -420,6 +534,8 @@ impl Job {
                 plan: r.clone(),
                 child: None,
                 code: None,
+                seen: None,
+                tail: failure::Tail::default(),
                 stopped: false,
                 pidfile: None,
                 awaiting_pidfile: !r.local,
@@ -431,6 +547,11 @@ impl Job {
             output: crossbeam_channel::bounded(PENDING_LINES),
             open_streams: 0,
             kill_scripts: Vec::new(),
+            start: Instant::now(),
+            polls: 0,
+            extras,
+            records: None,
+            interrupted: false,
         }
     }
 
@@ -450,7 +571,17 @@ impl Job {
         } else {
             None
         };
-        let files: Vec<&Path> = file.iter().map(TempFile::path).collect();
+        self.records = match collect::RecordDir::create(self.extras.dump_records.as_deref()) {
+            Ok(dir) => Some(dir),
+            Err(e) => {
+                warn(&format!("no flight records for this job: {e}"));
+                None
+            }
+        };
+        let mut files: Vec<&Path> = file.iter().map(TempFile::path).collect();
+        if let Some(dir) = self.records.as_ref().filter(|d| d.temporary()) {
+            files.push(dir.path());
+        }
         let mut watchdog = Watchdog::start(&files, self.plan.verbose);
         let launcher_cwd = std::env::current_dir()
             .map(|d| d.to_string_lossy().into_owned())
@@ -462,7 +593,7 @@ impl Job {
 
         let stdin_wanted = forward_stdin();
         let mut stdins = Vec::new();
-        let mut failure: Option<(usize, i32)> = None;
+        let mut failed = false;
         for i in 0..self.ranks.len() {
             match self.spawn(i, &file_path, &launcher_cwd, stdin_wanted) {
                 Ok(mut child) => {
@@ -471,8 +602,9 @@ impl Job {
                     self.ranks[i].child = Some(child);
                 }
                 Err(code) => {
-                    self.ranks[i].code = Some(code);
-                    failure = Some((i, code));
+                    self.ranks[i].code = Some(Ending::Code(code));
+                    self.ranks[i].seen = Some((0, self.start.elapsed()));
+                    failed = true;
                     break;
                 }
             }
@@ -483,12 +615,151 @@ impl Job {
             drop(stdins);
         }
 
-        let code = self.supervise(failure, &mut watchdog);
+        self.supervise(failed, &mut watchdog);
         self.drain();
         self.finish_kill_scripts();
+        let code = self.summarize();
+        if code != 0 && !self.interrupted {
+            self.print_records();
+        } else if let Some(dir) = &self.records {
+            // Kept records of remote ranks come back, whatever the outcome.
+            if !dir.temporary() {
+                dir.fetch(&self.remote_ranks(), true);
+            }
+        }
+        if let Some(dir) = self.records.as_ref().filter(|d| !d.temporary()) {
+            info(
+                true,
+                &format!("flight records kept in {}", dir.path().display()),
+            );
+        }
+        self.records = None;
         drop(file);
         watchdog.finish();
         code
+    }
+
+    /// Prints the failure summary ([`failure::summary`]) and returns the job's status: the
+    /// first failure's, 0 when every rank succeeded.
+    fn summarize(&self) -> i32 {
+        let mut exits: Vec<Exit> = self
+            .ranks
+            .iter()
+            .filter_map(|r| {
+                let ending = r.code?;
+                let (poll, seen) = r.seen.unwrap_or((u64::MAX, Duration::MAX));
+                Some(Exit {
+                    rank: r.plan.rank,
+                    ending,
+                    poll,
+                    seen,
+                    stopped: r.stopped,
+                    tail: r.tail.lines(),
+                })
+            })
+            .collect();
+        exits.sort_by_key(|e| (e.poll, e.rank));
+        for (level, line) in failure::summary(&exits) {
+            match level {
+                Level::Error => log("31", "[ERROR]", &line),
+                Level::Warn => warn(&line),
+            }
+        }
+        match failure::culprit(&exits) {
+            Some(c) => exits[c].ending.status(),
+            None if self.interrupted => 128 + libc::SIGINT,
+            None => exits
+                .iter()
+                .find(|e| e.ending.failed())
+                .map_or(0, |e| e.ending.status()),
+        }
+    }
+
+    /// The remote ranks, as `(rank, host)`.
+    fn remote_ranks(&self) -> Vec<(usize, String)> {
+        self.ranks
+            .iter()
+            .filter(|r| !r.plan.local)
+            .map(|r| (r.plan.rank, r.plan.host.clone()))
+            .collect()
+    }
+
+    /// After a failure: the ranks' flight records, merged, under the summary (nothing when
+    /// no rank wrote one, as a program that does not use nuvec-distributed).
+    fn print_records(&self) {
+        let Some(dir) = &self.records else { return };
+        dir.fetch(&self.remote_ranks(), true);
+        let (found, problems) = dir.read();
+        if found.is_empty() {
+            return;
+        }
+        let diagnosis = records::diagnose(&found, Some(self.ranks.len()), &[], problems);
+        log("31", "[ERROR]", "the ranks' flight records:");
+        let _ = std::io::stderr()
+            .lock()
+            .write_all(records::render(&diagnosis).as_bytes());
+    }
+
+    /// The hang report: asks every rank still running for its record, waits for their
+    /// answers (at most [`collect::ANSWER_WAIT`], printing the ranks' output meanwhile) and
+    /// prints the merged records.
+    fn hang_report(&mut self, why: &str) {
+        let Some(dir) = &mut self.records else {
+            warn(&format!("{why}: no record directory, so no report"));
+            return;
+        };
+        let hosts: Vec<String> = self
+            .ranks
+            .iter()
+            .filter(|r| !r.plan.local && r.running())
+            .map(|r| r.plan.host.clone())
+            .collect();
+        let id = dir.request(&hosts);
+        let running: std::collections::BTreeSet<usize> = self
+            .ranks
+            .iter()
+            .filter(|r| r.running())
+            .map(|r| r.plan.rank)
+            .collect();
+        let lines = self.output.1.clone();
+        let deadline = after(collect::ANSWER_WAIT);
+        let look = tick(Duration::from_millis(50));
+        loop {
+            select! {
+                recv(lines) -> output => {
+                    if let Ok(output) = output {
+                        self.print(output);
+                    }
+                }
+                recv(look) -> _ => {
+                    let Some(dir) = &self.records else { return };
+                    let (found, _) = dir.read();
+                    if running.is_subset(&records::answered(&found, id)) {
+                        break;
+                    }
+                }
+                recv(deadline) -> _ => break,
+            }
+        }
+        let remote = self.remote_ranks();
+        let Some(dir) = &self.records else { return };
+        dir.fetch(&remote, false);
+        let (found, problems) = dir.read();
+        let gone: Vec<usize> = self
+            .ranks
+            .iter()
+            .filter(|r| !r.running())
+            .map(|r| r.plan.rank)
+            .collect();
+        let diagnosis = records::diagnose(&found, Some(self.ranks.len()), &gone, problems);
+        warn(&format!(
+            "{why}: where every rank is (request {id}; {} of {} answered):",
+            records::answered(&found, id).len(),
+            running.len()
+        ));
+        let _ = std::io::stderr()
+            .lock()
+            .write_all(records::render(&diagnosis).as_bytes());
     }
 
     /// Starts rank `i`; on failure reports it and returns the shell's status for it (127 for
@@ -504,6 +775,10 @@ impl Job {
         let mut cmd = if rank.local {
             let mut cmd = Command::new(&self.plan.command[0]);
             cmd.args(&self.plan.command[1..]);
+            // First, so that a `--env` of the same name wins.
+            if let Some(dir) = &self.records {
+                cmd.env(collect::RECORD_DIR_VAR, dir.path());
+            }
             for (key, value) in self.plan.rank_env(rank.rank, file_path) {
                 cmd.env(key, value);
             }
@@ -523,7 +798,10 @@ impl Job {
             }
             cmd
         } else {
-            let script = script::launch_script(&self.plan, rank.rank, launcher_cwd, false);
+            let mut script = script::launch_script(&self.plan, rank.rank, launcher_cwd, false);
+            if let Some(dir) = &self.records {
+                script = dir.remote_prelude() + &script;
+            }
             let argv = script::ssh_command(&rank.host, &script);
             info(
                 self.plan.verbose,
@@ -538,9 +816,12 @@ impl Job {
             cmd.args(&argv[1..]);
             cmd
         };
+        // Its own process group: a Ctrl-C in the terminal reaches this launcher only, which
+        // reports, then stops the ranks itself.
         cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            .process_group(0);
         match cmd.spawn() {
             Ok(mut child) => {
                 if let Some(out) = child.stdout.take() {
@@ -570,17 +851,17 @@ impl Job {
                 } else {
                     126
                 };
-                warn(&format!(
-                    "Node with rank {} exited with code {code}",
-                    rank.rank
-                ));
                 Err(code)
             }
         }
     }
 
-    /// Prints one line as if rank `rank` had printed it.
-    fn say(&self, rank: usize, to_stderr: bool, line: &str) {
+    /// Prints one line as if rank `rank` had printed it (kept for the failure summary when
+    /// on standard error).
+    fn say(&mut self, rank: usize, to_stderr: bool, line: &str) {
+        if to_stderr {
+            self.keep(rank, line.as_bytes());
+        }
         let text = format!("[rank {rank}] {line}\n");
         if to_stderr {
             let _ = std::io::stderr().lock().write_all(text.as_bytes());
@@ -634,6 +915,9 @@ impl Job {
                 return;
             }
         }
+        if stderr || !r.plan.local {
+            self.keep(rank, &line);
+        }
         let text = output::prefixed(rank, &line);
         if stderr {
             let _ = std::io::stderr().lock().write_all(&text);
@@ -644,26 +928,50 @@ impl Job {
         }
     }
 
-    /// Waits for every rank, printing their output; once one fails, stops the others.
-    /// Returns the job's status.
-    fn supervise(&mut self, mut failure: Option<(usize, i32)>, watchdog: &mut Watchdog) -> i32 {
+    /// Keeps `line` as one of rank `rank`'s last lines.
+    fn keep(&mut self, rank: usize, line: &[u8]) {
+        self.ranks[rank].tail.push(&String::from_utf8_lossy(line));
+    }
+
+    /// Waits for every rank, printing their output; once one fails (`failed`: a rank could
+    /// not start), stops the others, [`failure::SETTLE`] later so that a rank already
+    /// failing on its own is reaped rather than stopped.
+    fn supervise(&mut self, mut failed: bool, watchdog: &mut Watchdog) {
         let verbose = self.plan.verbose;
         let lines = self.output.1.clone();
         let ticker = tick(POLL);
-        // SIGKILL for the ranks still running, then giving up on them: set once stopping.
+        // Stopping the ranks still running, SIGKILL for them, then giving up on them.
+        let mut stop_at = never();
         let mut kill_at = never();
         let mut give_up_at = never();
+        let mut settling = false;
         let mut stopping = false;
+        let mut stop_now = false;
         let mut check = true;
+        let interrupts = self.extras.interrupts.clone();
+        let mut ctrl_c = 0;
+        // `--hang-report`: the ranks' progress files, looked at every second.
+        let hang = self.extras.hang_report;
+        let progress_tick = if hang.is_some() {
+            tick(Duration::from_secs(1))
+        } else {
+            never()
+        };
+        let mut last_progress = (Vec::new(), Instant::now());
+        let mut stall_reported = false;
         loop {
             if check {
                 check = false;
-                self.reap(&mut failure, watchdog);
+                failed |= self.reap(watchdog);
                 if !self.ranks.iter().any(Rank::running) {
                     break;
                 }
             }
-            if failure.is_some() && !stopping {
+            if failed && !settling {
+                settling = true;
+                stop_at = after(failure::SETTLE);
+            }
+            if stop_now && !stopping {
                 stopping = true;
                 kill_at = after(GRACE);
                 // The PID file lines already read, so that the kill scripts can use them.
@@ -683,6 +991,37 @@ impl Job {
                     }
                 }
                 recv(ticker) -> _ => check = true,
+                recv(interrupts) -> _ => {
+                    ctrl_c += 1;
+                    if ctrl_c == 1 && !stopping {
+                        self.hang_report("Ctrl-C (press it again to stop the job)");
+                    } else if !stopping {
+                        warn("Ctrl-C again: stopping the job");
+                        self.interrupted = true;
+                        stop_now = true;
+                    }
+                }
+                recv(progress_tick) -> _ => {
+                    let Some(dir) = &self.records else { continue };
+                    let Some(limit) = hang else { continue };
+                    let mut now: Vec<(usize, u64)> =
+                        dir.progress().iter().map(|p| (p.rank, p.completed)).collect();
+                    now.sort_unstable();
+                    if now != last_progress.0 {
+                        last_progress = (now, Instant::now());
+                        stall_reported = false;
+                    } else if !stall_reported && !stopping && last_progress.1.elapsed() >= limit {
+                        stall_reported = true;
+                        self.hang_report(&format!(
+                            "no rank completed an operation for {:.0} s",
+                            limit.as_secs_f64()
+                        ));
+                    }
+                }
+                recv(stop_at) -> _ => {
+                    stop_at = never();
+                    stop_now = true;
+                }
                 recv(kill_at) -> _ => {
                     kill_at = never();
                     give_up_at = after(KILL_WAIT);
@@ -699,13 +1038,16 @@ impl Job {
                 }
             }
         }
-        failure.map_or(0, |(_, code)| code)
     }
 
-    /// Collects the exit status of every rank that has ended since the last call, and
-    /// records the first failure.
-    fn reap(&mut self, failure: &mut Option<(usize, i32)>, watchdog: &mut Watchdog) {
+    /// Collects the exit status of every rank that has ended since the last call, with
+    /// when it was seen; true if one of them failed on its own (not stopped by the
+    /// launcher). The lines saying how each ended are the summary's ([`Job::summarize`]).
+    fn reap(&mut self, watchdog: &mut Watchdog) -> bool {
         let verbose = self.plan.verbose;
+        self.polls += 1;
+        let seen = (self.polls, self.start.elapsed());
+        let mut failed = false;
         for r in &mut self.ranks {
             let Some(child) = &mut r.child else { continue };
             if r.code.is_some() {
@@ -720,23 +1062,19 @@ impl Job {
                 }
             };
             watchdog.tell("del", child.id());
-            let code = status_code(&status);
-            r.code = Some(code);
-            let rank = r.plan.rank;
-            if r.stopped {
-                warn(&format!("Node with rank {rank} was killed"));
-            } else if status.success() {
-                info(verbose, &format!("Node with rank {rank} completed"));
-            } else {
-                match status.signal() {
-                    Some(sig) => warn(&format!(
-                        "Node with rank {rank} was terminated by signal {sig}"
-                    )),
-                    None => warn(&format!("Node with rank {rank} exited with code {code}")),
-                }
-                failure.get_or_insert((rank, code));
+            let end = ending(&status);
+            r.code = Some(end);
+            r.seen = Some(seen);
+            if !end.failed() {
+                info(
+                    verbose,
+                    &format!("Node with rank {} completed", r.plan.rank),
+                );
+            } else if !r.stopped {
+                failed = true;
             }
         }
+        failed
     }
 
     /// Prints what is left of the ranks' output, for at most [`DRAIN`].

@@ -4,7 +4,8 @@
 //! with Python's `shlex.quote` and `shlex.join` ([`shell_quote`], [`shell_join`]) that they
 //! are made of.
 //!
-//! Two safety fixes over `mlx.launch`: the PID file is only taken from a line that is a plain
+//! One difference from `mlx.launch`: ssh runs with `LogLevel=ERROR` rather than `QUIET`, so
+//! that its own errors are seen ([`ssh_command`]). Two safety fixes over `mlx.launch`: the PID file is only taken from a line that is a plain
 //! `mktemp` path ([`pidfile_path`]: a login banner printed before it is output, never a path
 //! to remove), and the kill script quotes the path.
 
@@ -53,9 +54,15 @@ pub(crate) fn launch_script(
     script
 }
 
-/// The command that starts a remote rank: `ssh -tt -o LogLevel=QUIET HOST SCRIPT`.
+/// The command that starts a remote rank: `ssh -tt -o LogLevel=ERROR HOST SCRIPT`.
+///
+/// `mlx.launch` passes `LogLevel=QUIET`, which also silences ssh's fatal errors: a host that
+/// does not resolve, refuses the connection or the key then ends as "exited with code 255"
+/// and nothing else. `ERROR` prints those ("ssh: Could not resolve hostname ...") and still
+/// silences ssh's informational lines (`Connection to HOST closed.` after every `-tt`
+/// session, `Warning: Permanently added ...`), as `QUIET` does.
 pub(crate) fn ssh_command(host: &str, script: &str) -> Vec<String> {
-    ["ssh", "-tt", "-o", "LogLevel=QUIET", host, script]
+    ["ssh", "-tt", "-o", "LogLevel=ERROR", host, script]
         .map(str::to_owned)
         .to_vec()
 }
@@ -233,12 +240,12 @@ mod tests {
         let ssh = ssh_command("mac-2.local", &script);
         assert_eq!(
             ssh[..5],
-            strings(&["ssh", "-tt", "-o", "LogLevel=QUIET", "mac-2.local"])
+            strings(&["ssh", "-tt", "-o", "LogLevel=ERROR", "mac-2.local"])
         );
         assert_eq!(ssh[5], script);
         assert_eq!(
             shell_join(&ssh),
-            r#"ssh -tt -o LogLevel=QUIET mac-2.local 'stty -echo; pidfile=$(mktemp); echo $$ > $pidfile; printf "%s\n" $pidfile; if [[ -d /tmp ]]; then   cd /tmp; fi; export FOO=bar; export A='"'"'it'"'"'"'"'"'"'"'"'s'"'"'; export EMPTY=; export COLUMNS=80; fname=$(mktemp); echo '"'"'[["10.0.0.1:32323"], ["10.0.0.2:32324"]]'"'"' >$fname; export MLX_HOSTFILE=$fname; export MLX_RANK=2; cmd=(python3 train.py --lr 1e-3 '"'"'a b'"'"' '"'"''"'"'); exec "${cmd[@]}"'"#
+            r#"ssh -tt -o LogLevel=ERROR mac-2.local 'stty -echo; pidfile=$(mktemp); echo $$ > $pidfile; printf "%s\n" $pidfile; if [[ -d /tmp ]]; then   cd /tmp; fi; export FOO=bar; export A='"'"'it'"'"'"'"'"'"'"'"'s'"'"'; export EMPTY=; export COLUMNS=80; fname=$(mktemp); echo '"'"'[["10.0.0.1:32323"], ["10.0.0.2:32324"]]'"'"' >$fname; export MLX_HOSTFILE=$fname; export MLX_RANK=2; cmd=(python3 train.py --lr 1e-3 '"'"'a b'"'"' '"'"''"'"'); exec "${cmd[@]}"'"#
         );
     }
 

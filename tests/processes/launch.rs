@@ -1,4 +1,4 @@
-//! nuvec-launch: a real 4-rank all_sum over the ring, the JACCL environment, a failing rank stopping the others, the launcher's own death, and the environment compared with mlx.launch's.
+//! nuvec-launch: a real 4-rank all_sum over the ring, the JACCL environment, a failing rank stopping the others and named first (panic, SIGKILL, an ssh host that does not resolve), the flight records (merged after a failure, on Ctrl-C, on `--hang-report`, by `diagnose`), the launcher's own death, and the environment compared with mlx.launch's.
 //!
 //! The ranks are this test binary run again (`launched_rank`, with `NUVEC_LAUNCH_TEST_ROLE`
 //! saying what to do) or small `sh` scripts. Every job runs with its own `TMPDIR`, so that the
@@ -42,7 +42,37 @@ fn launched_rank() {
         // JACCL over TCP (`NUVEC_JACCL_FABRIC=tcp`) or RDMA, as the job says.
         Ok("jaccl") => println!("RESULT {}", launched_all_sum()),
         Ok("dump") => dump_rank(),
+        Ok("fail-after-all-sum") => fail_after_all_sum(),
         _ => {}
+    }
+}
+
+/// Runs one all_sum; then rank 1 fails as `NUVEC_LAUNCH_TEST_FAILURE` says (`panic`, or
+/// `sigkill`: it sends itself SIGKILL) while the others run a second all_sum, print its error
+/// and exit with code 3, as a program that handles the error would.
+fn fail_after_all_sum() {
+    use nuvec_core::{array, distributed};
+    let first = launched_all_sum();
+    println!("FIRST {first}");
+    let rank = nuvec_distributed::init(true).expect("the group").rank();
+    if rank == 1 {
+        match std::env::var("NUVEC_LAUNCH_TEST_FAILURE").as_deref() {
+            Ok("sigkill") => {
+                let _ = Command::new("kill")
+                    .args(["-s", "KILL", &std::process::id().to_string()])
+                    .status();
+                // SIGKILL is not deferred; this is only reached if `kill` could not run.
+                std::process::exit(99);
+            }
+            _ => panic!("rank 1 fails on purpose after its first all_sum"),
+        }
+    }
+    match distributed::all_sum(&array![1.0f32], None).to_vec::<f32>() {
+        Ok(v) => println!("SECOND {v:?}"),
+        Err(e) => {
+            eprintln!("rank {rank}: {e}");
+            std::process::exit(3);
+        }
     }
 }
 
@@ -495,12 +525,13 @@ fn killing_the_launcher_stops_the_ranks_and_removes_its_file() {
             }
         }
     }
+    let made = entries(&tmp);
     assert_eq!(
-        entries(&tmp).len(),
-        1,
-        "the shared hostfile: {:?}",
-        entries(&tmp)
+        made.len(),
+        2,
+        "the shared hostfile and the flight records' directory: {made:?}"
     );
+    assert!(made.iter().any(|n| n.ends_with("-records")), "{made:?}");
     kill("TERM", &[launcher]);
     let status = child.wait().expect("wait for nuvec-launch");
     assert_eq!(status.code(), None, "killed by SIGTERM");
@@ -810,4 +841,534 @@ echo ready; sleep 30 & wait"#;
         "{pidfile}"
     );
     assert!(!Path::new(&pidfile).exists(), "{pidfile} was not removed");
+}
+
+/// `nuvec-launch -n 4` of [`fail_after_all_sum`] with rank 1 failing as `how` says.
+fn failing_job(name: &str, how: &str) -> Ran {
+    let _job = procs::exclusive();
+    let tmp = scratch(name);
+    let port = free_ports(4).to_string();
+    let failure = format!("NUVEC_LAUNCH_TEST_FAILURE={how}");
+    let mut args = vec![
+        "-n",
+        "4",
+        "--starting-port",
+        &port,
+        "--env",
+        "NUVEC_LAUNCH_TEST_ROLE=fail-after-all-sum",
+        "--env",
+        &failure,
+        "--env",
+        "NUVEC_DISTRIBUTED_TIMEOUT=20",
+        "--",
+    ];
+    let command = rank_command();
+    args.extend(command.iter().map(String::as_str));
+    let done = run(&mut nuvec_launch(&tmp, &args), Duration::from_secs(120));
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+    done
+}
+
+/// The launcher's own lines (`[ERROR] ...`, `[WARN] ...`) in `stderr`, in order.
+fn launcher_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("[ERROR] ") || l.starts_with("[WARN] "))
+        .collect()
+}
+
+#[test]
+fn a_rank_that_panics_is_named_first_with_its_message_and_its_status_is_the_jobs() {
+    for attempt in 0..3 {
+        let done = failing_job(&format!("panic-{attempt}"), "panic");
+        assert_eq!(done.code, Some(101), "{}", done.describe());
+        let ours = launcher_lines(&done.stderr);
+        assert!(
+            ours.first()
+                .is_some_and(|l| l.starts_with("[ERROR] rank 1 failed first: exit code 101, ")),
+            "{}",
+            done.describe()
+        );
+        assert!(
+            ours.iter()
+                .any(|l| l.contains("rank 1 fails on purpose after its first all_sum")),
+            "the panic's message is in the summary: {}",
+            done.describe()
+        );
+        let nodes: Vec<&&str> = ours
+            .iter()
+            .filter(|l| l.contains("Node with rank"))
+            .collect();
+        assert_eq!(
+            nodes.first().map(|l| **l),
+            Some("[WARN] Node with rank 1 exited with code 101"),
+            "{}",
+            done.describe()
+        );
+        assert!(
+            !ours
+                .iter()
+                .any(|l| l.contains("rank 1") && l.contains("killed")),
+            "{}",
+            done.describe()
+        );
+        let consequence = ours.last().copied().unwrap_or_default();
+        assert!(
+            consequence.starts_with("[ERROR] in consequence: "),
+            "{}",
+            done.describe()
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_is_sigkilled_is_named_with_the_signal_and_the_job_exits_137() {
+    let done = failing_job("sigkill", "sigkill");
+    assert_eq!(done.code, Some(137), "{}", done.describe());
+    let ours = launcher_lines(&done.stderr);
+    assert!(
+        ours.first().is_some_and(
+            |l| l.starts_with("[ERROR] rank 1 failed first: signal SIGKILL (status 137), ")
+        ),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        ours.contains(&"[WARN] Node with rank 1 exited with code 137 (signal SIGKILL)"),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        !ours
+            .iter()
+            .any(|l| l.contains("rank 1") && l.contains("killed")),
+        "the culprit is never called killed: {}",
+        done.describe()
+    );
+}
+
+#[test]
+fn a_host_that_ssh_cannot_resolve_shows_sshs_own_message() {
+    let _job = procs::exclusive();
+    let tmp = scratch("ssh-host");
+    let hostfile = tmp.join("hosts.json");
+    std::fs::write(
+        &hostfile,
+        r#"[{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]},
+            {"ssh": "nuvec-launch-test.invalid", "ips": ["127.0.0.1"]}]"#,
+    )
+    .expect("write the host file");
+    let hostfile = hostfile.display().to_string();
+    let done = run(
+        &mut nuvec_launch(&tmp, &["--hostfile", &hostfile, "--", "sleep", "30"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code, Some(255), "{}", done.describe());
+    assert!(
+        done.stderr
+            .contains("[rank 1] ssh: Could not resolve hostname nuvec-launch-test.invalid"),
+        "{}",
+        done.describe()
+    );
+    let ours = launcher_lines(&done.stderr);
+    assert!(
+        ours.first()
+            .is_some_and(|l| l.starts_with("[ERROR] rank 1 failed first: exit code 255")),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        ours.iter()
+            .any(|l| l.contains("ssh: Could not resolve hostname")),
+        "ssh's message is in the summary: {}",
+        done.describe()
+    );
+    std::fs::remove_file(&hostfile).expect("remove the host file");
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+}
+
+/// A rank of the flight recorder's side, as a shell script (so that these tests do not
+/// depend on the ranks' own recorder): it writes `rank-R.progress` once, prints `ready`,
+/// then answers every new `request` by writing `rank-R.jsonl` (atomically) with rank 1 in
+/// `all_gather #3` and the others in `all_sum #3`, all waiting; it ends after 30 s.
+const RECORDING_RANK: &str = r#"d=$NUVEC_DISTRIBUTED_RECORD_DIR; r=$MLX_RANK
+[ -d "$d" ] || { echo "no record directory: '$d'" >&2; exit 9; }
+echo "{\"rank\":$r,\"completed\":3,\"last_end_us\":1764760000001200}" > "$d/rank-$r.progress"
+op=all_sum; [ "$r" = 1 ] && op=all_gather
+echo ready
+i=0; last=
+while [ $i -lt 300 ]; do
+  if [ -f "$d/request" ]; then
+    id=$(cat "$d/request")
+    if [ "$id" != "$last" ]; then
+      last=$id
+      printf '{"record":1,"rank":%s,"size":4,"host":"here","pid":%s,"reason":"request","request":%s,"at_us":1764760009000000,"capacity":256,"dropped":0}\n{"group":"world","group_rank":%s,"group_size":4,"seq":3,"op":"%s","dtype":"float32","bytes":4096,"peers":[0,2],"start_us":1764760000002000,"end_us":null,"state":"running","waiting_on":[0],"moved":[[0,0]],"error":null}\n' "$r" $$ "$id" "$r" "$op" > "$d/rank-$r.jsonl.tmp"
+      mv "$d/rank-$r.jsonl.tmp" "$d/rank-$r.jsonl"
+      echo "answered $id"
+    fi
+  fi
+  sleep 0.1; i=$((i+1))
+done"#;
+
+/// The mismatch the [`RECORDING_RANK`]s' records show.
+const MISMATCH: &str = "different operations at the same step: rank 1 is in all_gather #3, ranks 0, 2, 3 in all_sum #3";
+
+/// A running `nuvec-launch` whose output is read line by line.
+struct Live {
+    child: std::process::Child,
+    /// Its standard input, when [`Live::start_fed`] started it.
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::sync::mpsc::Receiver<Option<String>>,
+    stderr: std::sync::mpsc::Receiver<Option<String>>,
+    seen: Vec<String>,
+}
+
+impl Live {
+    fn start(cmd: &mut Command) -> Live {
+        Live::spawn(cmd.stdin(Stdio::null()))
+    }
+
+    /// As [`Live::start`], with a pipe for its standard input.
+    fn start_fed(cmd: &mut Command) -> Live {
+        Live::spawn(cmd.stdin(Stdio::piped()))
+    }
+
+    fn spawn(cmd: &mut Command) -> Live {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn nuvec-launch");
+        let stdout = lines(child.stdout.take().expect("stdout"));
+        let stderr = lines(child.stderr.take().expect("stderr"));
+        Live {
+            stdin: child.stdin.take(),
+            child,
+            stdout,
+            stderr,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (at most 30 s) until `count` lines of either stream satisfy `want`; kills the
+    /// job and fails the test otherwise.
+    fn wait_for(&mut self, count: usize, want: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.seen.iter().filter(|l| want(l)).count() >= count {
+                return;
+            }
+            let mut got = false;
+            for rx in [&self.stdout, &self.stderr] {
+                while let Ok(Some(line)) = rx.try_recv() {
+                    self.seen.push(line);
+                    got = true;
+                }
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!(
+                    "not seen within 30 s; the output:\n{}",
+                    self.seen.join("\n")
+                );
+            }
+            if !got {
+                // Both streams are polled, so neither blocks the other.
+                let _ = self
+                    .stdout
+                    .recv_timeout(Duration::from_millis(20))
+                    .map(|l| self.seen.extend(l));
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        let pid = self.child.id();
+        let mut pids = descendants(pid);
+        pids.push(pid);
+        kill("KILL", &pids);
+        let _ = self.child.wait();
+    }
+
+    /// Waits (at most 30 s) for the launcher's end and the rest of its output.
+    fn finish(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut timed_out = false;
+        for rx in [&self.stdout, &self.stderr] {
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(Some(line)) => self.seen.push(line),
+                    Ok(None) => break,
+                    Err(_) => {
+                        timed_out = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if timed_out {
+            self.kill();
+            panic!("the job did not end within 30 s:\n{}", self.seen.join("\n"));
+        }
+        self.child.wait().expect("wait for nuvec-launch").code()
+    }
+}
+
+#[test]
+fn the_first_ctrl_c_prints_where_every_rank_is_and_the_second_stops_the_job() {
+    let _job = procs::exclusive();
+    let tmp = scratch("ctrl-c");
+    let mut live = Live::start(&mut nuvec_launch(
+        &tmp,
+        &["-n", "4", "--", "sh", "-c", RECORDING_RANK],
+    ));
+    live.wait_for(4, |l| l.ends_with("] ready"));
+    let launcher = live.child.id();
+    let mut ranks = descendants(launcher);
+    kill("INT", &[launcher]);
+    live.wait_for(1, |l| l == format!("- {MISMATCH}"));
+    assert!(
+        live.seen.iter().any(|l| l.contains("4 of 4 answered")),
+        "{}",
+        live.seen.join("\n")
+    );
+    // The ranks were not interrupted: they are in their own process groups.
+    live.wait_for(4, |l| l.contains("answered 1"));
+    kill("INT", &[launcher]);
+    let code = live.finish();
+    let output = live.seen.join("\n");
+    assert_eq!(code, Some(130), "{output}");
+    assert!(
+        output.contains("Ctrl-C again: stopping the job"),
+        "{output}"
+    );
+    assert!(!output.contains("failed first"), "{output}");
+    ranks.retain(|p| !ended(*p));
+    assert_eq!(ranks, Vec::<u32>::new(), "ranks left running\n{output}");
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+}
+
+#[test]
+fn a_job_that_completes_no_operation_for_the_hang_report_time_reports_itself() {
+    let _job = procs::exclusive();
+    let tmp = scratch("hang-report");
+    let started = Instant::now();
+    let mut live = Live::start(&mut nuvec_launch(
+        &tmp,
+        &[
+            "-n",
+            "4",
+            "--hang-report",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            RECORDING_RANK,
+        ],
+    ));
+    live.wait_for(1, |l| l == format!("- {MISMATCH}"));
+    assert!(
+        live.seen
+            .iter()
+            .any(|l| l.contains("no rank completed an operation for 1 s")),
+        "{}",
+        live.seen.join("\n")
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let launcher = live.child.id();
+    kill("INT", &[launcher]);
+    kill("INT", &[launcher]);
+    assert_eq!(live.finish(), Some(130), "{}", live.seen.join("\n"));
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+}
+
+#[test]
+fn after_a_failure_the_records_are_merged_under_the_summary_and_kept_for_diagnose() {
+    let _job = procs::exclusive();
+    let tmp = scratch("records");
+    let dump = tmp.join("dump");
+    // Rank 2 fails first (its all_sum #4 ended first, by time), writes its record and exits;
+    // rank 0 writes one too and waits; the others record nothing.
+    let script = r#"d=$NUVEC_DISTRIBUTED_RECORD_DIR; r=$MLX_RANK
+rec() { printf '{"record":1,"rank":%s,"size":4,"host":"here","pid":%s,"reason":"failure","request":null,"at_us":1764760009000000,"capacity":256,"dropped":0}\n{"group":"world","group_rank":%s,"group_size":4,"seq":4,"op":"all_sum","dtype":"float32","bytes":4096,"peers":[1,3],"start_us":1764760000002000,"end_us":%s,"state":"failed","waiting_on":[],"moved":[[1,0]],"error":"%s"}\n' "$r" $$ "$r" "$1" "$2" > "$d/rank-$r.jsonl.tmp"; mv "$d/rank-$r.jsonl.tmp" "$d/rank-$r.jsonl"; }
+if [ "$r" = 2 ]; then rec 1764760000003000 "rank 2: out of memory"; echo "rank 2 gives up" >&2; exit 5; fi
+if [ "$r" = 0 ]; then rec 1764760000004000 "rank 0: the connection was closed by the peer"; fi
+exec sleep 30"#;
+    let dump_arg = dump.display().to_string();
+    let done = run(
+        &mut nuvec_launch(
+            &tmp,
+            &[
+                "-n",
+                "4",
+                "--dump-records",
+                &dump_arg,
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        ),
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code, Some(5), "{}", done.describe());
+    let ours = launcher_lines(&done.stderr);
+    assert!(
+        ours.first()
+            .is_some_and(|l| l.starts_with("[ERROR] rank 2 failed first: exit code 5")),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        done.stderr.contains("[ERROR] the ranks' flight records:")
+            && done
+                .stderr
+                .contains("- the first failure by time: rank 2, all_sum #4: rank 2: out of memory"),
+        "{}",
+        done.describe()
+    );
+    assert_eq!(
+        entries(&dump),
+        ["rank-0.jsonl", "rank-2.jsonl"],
+        "the kept records"
+    );
+
+    // The kept records, read again as a user would.
+    let dump_arg = dump.display().to_string();
+    let table = run(
+        &mut nuvec_launch(&tmp, &["diagnose", &dump_arg]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(table.code, Some(0), "{}", table.describe());
+    assert!(
+        table.stdout.contains("rank 1 left no record")
+            && table.stdout.contains("the first failure by time: rank 2"),
+        "{}",
+        table.describe()
+    );
+    let json = run(
+        &mut nuvec_launch(&tmp, &["diagnose", "--json", &dump_arg]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(json.code, Some(0), "{}", json.describe());
+    let value: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(value["size"], 4);
+    assert_eq!(value["missing"], serde_json::json!([1, 3]));
+    assert_eq!(value["rows"][1]["op"]["error"], "rank 2: out of memory");
+    std::fs::remove_dir_all(&dump).expect("remove the records");
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+
+    // A directory without records is an error.
+    let empty = run(
+        &mut nuvec_launch(&tmp, &["diagnose", &tmp.display().to_string()]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(empty.code, Some(1), "{}", empty.describe());
+}
+
+#[test]
+fn a_remote_ranks_record_is_fetched_over_ssh_after_a_failure() {
+    let _job = procs::exclusive();
+    let tmp = scratch("remote-records");
+    let bin = tmp.join("bin");
+    std::fs::create_dir_all(&bin).expect("a bin directory");
+    // A stand-in for ssh, first on PATH: runs its last argument (the script) here.
+    let ssh = bin.join("ssh");
+    std::fs::write(
+        &ssh,
+        "#!/bin/sh\nfor script; do :; done\nexec bash -c \"$script\"\n",
+    )
+    .expect("the fake ssh");
+    let made = Command::new("chmod").arg("+x").arg(&ssh).status();
+    assert!(made.is_ok_and(|s| s.success()), "chmod");
+    // Rank 1 (through "ssh") writes its record in the remote directory and fails.
+    let script = r#"d=$NUVEC_DISTRIBUTED_RECORD_DIR; r=$MLX_RANK
+if [ "$r" = 1 ]; then
+  printf '{"record":1,"rank":1,"size":2,"host":"far","pid":%s,"reason":"failure","request":null,"at_us":1764760009000000,"capacity":256,"dropped":0}\n{"group":"world","group_rank":1,"group_size":2,"seq":0,"op":"all_max","dtype":"int32","bytes":64,"peers":[0],"start_us":1764760000002000,"end_us":1764760000003000,"state":"failed","waiting_on":[],"moved":[[0,0]],"error":"rank 1: far away"}\n' $$ > "$d/rank-1.jsonl"
+  echo "wrote $d" >&2; exit 4
+fi
+exec sleep 30"#;
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let done = run(
+        nuvec_launch(
+            &tmp,
+            &["--hosts", "127.0.0.1,127.0.0.2", "--", "sh", "-c", script],
+        )
+        .env("PATH", path),
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code, Some(4), "{}", done.describe());
+    assert!(
+        done.stderr
+            .contains("- the first failure by time: rank 1, all_max #0: rank 1: far away"),
+        "{}",
+        done.describe()
+    );
+    let remote = done
+        .stderr
+        .lines()
+        .find_map(|l| l.split_once("wrote ").map(|(_, d)| d.trim().to_owned()))
+        .unwrap_or_else(|| panic!("{}", done.describe()));
+    assert!(remote.starts_with("/tmp/nuvec-launch-records-"), "{remote}");
+    assert!(!Path::new(&remote).exists(), "{remote} was not removed");
+    // The "remote" script's own mktemp files (PID file, hostfile) stay, as mlx.launch's do
+    // on a remote host; the launcher's local record directory does not.
+    let left = entries(&tmp);
+    assert!(!left.iter().any(|n| n.contains("records")), "{left:?}");
+}
+
+#[test]
+fn in_a_terminal_ctrl_c_reaches_the_launcher_only_and_standard_input_still_reaches_the_ranks() {
+    use std::io::Write;
+    // util-linux's `script` gives the launcher a terminal, whose Ctrl-C byte the terminal
+    // turns into SIGINT for its foreground process group.
+    let has_script = Command::new("script")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("util-linux")
+        });
+    if !has_script {
+        eprintln!("skipped: no util-linux `script` to give the launcher a terminal");
+        return;
+    }
+    let _job = procs::exclusive();
+    let tmp = scratch("terminal");
+    let launcher = format!(
+        "{} -n 2 -- sh -c 'echo ready; while read -r l; do echo \"got $l\"; done; echo eof'",
+        nuvec_launch_binary().display()
+    );
+    let mut cmd = Command::new("script");
+    cmd.args(["-qec", &launcher, "/dev/null"])
+        .env("TMPDIR", &*tmp)
+        .env_remove("COLUMNS")
+        .env_remove("LINES");
+    let mut live = Live::start_fed(&mut cmd);
+    live.wait_for(2, |l| l.contains("] ready"));
+    let mut terminal = live.stdin.take().expect("script's input");
+    terminal.write_all(b"hello\n").expect("type a line");
+    live.wait_for(2, |l| l.contains("] got hello"));
+    terminal.write_all(&[3]).expect("type Ctrl-C");
+    live.wait_for(1, |l| l.contains("press it again to stop the job"));
+    // The ranks were not interrupted: they still read the terminal's lines.
+    terminal.write_all(b"again\n").expect("type a line");
+    live.wait_for(2, |l| l.contains("] got again"));
+    terminal.write_all(&[3]).expect("type Ctrl-C");
+    let code = live.finish();
+    let output = live.seen.join("\n");
+    assert_eq!(code, Some(130), "{output}");
+    assert!(
+        output.contains("Ctrl-C again: stopping the job"),
+        "{output}"
+    );
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
 }

@@ -1,0 +1,231 @@
+//! A job's record directory: where its ranks write their flight records, how the launcher
+//! asks for them and brings back those of remote hosts.
+//!
+//! Every rank gets `NUVEC_DISTRIBUTED_RECORD_DIR` (a `--env` of the same name wins): for
+//! local ranks a directory this launcher makes per job (`nuvec-launch-PID-records` in the
+//! temporary directory, removed at the end, by the watchdog too if the launcher dies), or
+//! `--dump-records DIR`, which is kept; for a remote rank a path on its host
+//! (`/tmp/nuvec-launch-records-PID-TIME`, made by the script's [`RecordDir::remote_prelude`], removed when the records are
+//! fetched at the end). What a rank writes there is the contract described in
+//! [`crate::records`].
+//!
+//! Asking ([`RecordDir::request`]): the file `request` is written with a new id, atomically
+//! (a temporary file renamed over it), here and on every remote host through `ssh`; each
+//! rank answers by rewriting `rank-R.jsonl` with that id in its header. Remote files come
+//! back with `ssh HOST cat` ([`RecordDir::fetch`]), best effort and bounded in time, with
+//! the options the ranks were started with.
+//!
+//! This file has side effects (files, ssh) and is tested end to end
+//! (`tests/processes/launch.rs`); what is read is parsed by the pure [`crate::records`].
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::records::{self, Progress, Record};
+use crate::script::shell_quote;
+
+/// The variable naming the directory.
+pub(crate) const RECORD_DIR_VAR: &str = "NUVEC_DISTRIBUTED_RECORD_DIR";
+
+/// How long the launcher waits for the ranks to answer a request.
+pub(crate) const ANSWER_WAIT: Duration = Duration::from_secs(2);
+
+/// How long fetching the remote records may take, for all hosts together.
+const FETCH_WAIT: Duration = Duration::from_secs(5);
+
+/// A job's record directory.
+pub(crate) struct RecordDir {
+    /// The local directory.
+    path: PathBuf,
+    /// Whether it is kept at the end (`--dump-records`).
+    keep: bool,
+    /// The directory on remote hosts.
+    remote: String,
+    /// The last request id.
+    request: u64,
+    /// The ssh commands that wrote a request on a remote host, reaped at the end.
+    requests: Vec<Child>,
+}
+
+impl RecordDir {
+    /// Makes the job's directory: `dump` (created if need be, kept) or a fresh one in the
+    /// temporary directory (removed when dropped).
+    ///
+    /// # Errors
+    ///
+    /// The directory and the system's message.
+    pub(crate) fn create(dump: Option<&Path>) -> Result<RecordDir, String> {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        let pid = std::process::id();
+        let remote = format!("/tmp/nuvec-launch-records-{pid}-{stamp}");
+        if let Some(dir) = dump {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            return Ok(RecordDir {
+                path: dir.to_path_buf(),
+                keep: true,
+                remote,
+                request: 0,
+                requests: Vec::new(),
+            });
+        }
+        let base = std::env::temp_dir();
+        for attempt in 0..100 {
+            let name = if attempt == 0 {
+                format!("nuvec-launch-{pid}-records")
+            } else {
+                format!("nuvec-launch-{pid}-records-{attempt}")
+            };
+            let path = base.join(name);
+            match std::fs::create_dir(&path) {
+                Ok(()) => {
+                    return Ok(RecordDir {
+                        path,
+                        keep: false,
+                        remote,
+                        request: 0,
+                        requests: Vec::new(),
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            }
+        }
+        Err(format!("{}: no free name for the records", base.display()))
+    }
+
+    /// The local directory.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the directory is removed at the end (the watchdog must remove it too).
+    pub(crate) fn temporary(&self) -> bool {
+        !self.keep
+    }
+
+    /// The shell words a remote rank's script starts with: make the directory, export it.
+    pub(crate) fn remote_prelude(&self) -> String {
+        let dir = shell_quote(&self.remote);
+        format!("mkdir -p {dir} 2>/dev/null; export {RECORD_DIR_VAR}={dir}; ")
+    }
+
+    /// Asks every rank for its record: writes `request` with a new id here and, through ssh,
+    /// on each of `hosts`. Returns the id.
+    pub(crate) fn request(&mut self, hosts: &[String]) -> u64 {
+        self.request += 1;
+        let id = self.request;
+        let tmp = self.path.join("request.tmp");
+        let written = std::fs::File::create(&tmp)
+            .and_then(|mut f| writeln!(f, "{id}"))
+            .and_then(|()| std::fs::rename(&tmp, self.path.join("request")));
+        if let Err(e) = written {
+            crate::warn(&format!(
+                "cannot write the records' request in {}: {e}",
+                self.path.display()
+            ));
+        }
+        let dir = shell_quote(&self.remote);
+        for host in hosts {
+            let script =
+                format!("echo {id} > {dir}/request.tmp && mv -f {dir}/request.tmp {dir}/request");
+            if let Ok(child) = ssh(host, &script).stdout(Stdio::null()).spawn() {
+                self.requests.push(child);
+            }
+        }
+        id
+    }
+
+    /// The records in the directory and the problems met reading them.
+    pub(crate) fn read(&self) -> (Vec<Record>, Vec<String>) {
+        records::read_dir(&self.path).unwrap_or_else(|e| (Vec::new(), vec![e]))
+    }
+
+    /// Every rank's `rank-R.progress` that can be read.
+    pub(crate) fn progress(&self) -> Vec<Progress> {
+        let Ok(entries) = std::fs::read_dir(&self.path) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".progress"))
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .filter_map(|t| records::parse_progress(&t))
+            .collect()
+    }
+
+    /// Copies the records of remote ranks (`(rank, host)`) here with `ssh HOST cat`, at most
+    /// [`FETCH_WAIT`] in all; with `remove`, the remote directory is removed after.
+    pub(crate) fn fetch(&self, ranks: &[(usize, String)], remove: bool) {
+        let dir = shell_quote(&self.remote);
+        let mut running: Vec<(usize, Child)> = Vec::new();
+        for (rank, host) in ranks {
+            let mut script = format!("cat {dir}/rank-{rank}.jsonl");
+            if remove {
+                script += &format!("; rm -rf {dir}");
+            }
+            let Ok(file) = std::fs::File::create(self.path.join(format!("rank-{rank}.jsonl.part")))
+            else {
+                continue;
+            };
+            if let Ok(child) = ssh(host, &script).stdout(Stdio::from(file)).spawn() {
+                running.push((*rank, child));
+            }
+        }
+        let deadline = Instant::now() + FETCH_WAIT;
+        for (rank, mut child) in running {
+            let part = self.path.join(format!("rank-{rank}.jsonl.part"));
+            let ok = loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => break status.success(),
+                    Ok(None) if Instant::now() < deadline => {
+                        // Nothing to wake on but the child's end: a short ssh command.
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break false;
+                    }
+                }
+            };
+            let size = std::fs::metadata(&part).map_or(0, |m| m.len());
+            if ok && size > 0 {
+                let _ = std::fs::rename(&part, self.path.join(format!("rank-{rank}.jsonl")));
+            } else {
+                let _ = std::fs::remove_file(&part);
+            }
+        }
+    }
+
+    /// Ends the ssh commands that wrote requests.
+    fn reap_requests(&mut self) {
+        for mut child in self.requests.drain(..) {
+            if !matches!(child.try_wait(), Ok(Some(_))) {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RecordDir {
+    fn drop(&mut self) {
+        self.reap_requests();
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// `ssh HOST SCRIPT` with the ranks' log level, no standard input, its errors discarded.
+fn ssh(host: &str, script: &str) -> Command {
+    let mut cmd = Command::new("ssh");
+    cmd.args(["-o", "LogLevel=ERROR", "-o", "BatchMode=yes", host, script])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}

@@ -1,0 +1,710 @@
+//! The flight recorder's files, read back: every rank's `rank-R.jsonl` merged into one table
+//! and a diagnosis (`nuvec-launch diagnose DIR`, the failure summary, the hang report).
+//!
+//! The files are the contract between the ranks and the launcher (a rank writes them when
+//! its group fails, or when the launcher asks by writing `request`); their format, by line:
+//!
+//! - a header, `{"record":1,"rank":R,"size":N,"host":..,"pid":..,"reason":"failure"|"request",
+//!   "request":ID|null,"at_us":T,"capacity":C,"dropped":D}`;
+//! - then one line per operation, oldest first: `{"group","group_rank","group_size","seq",
+//!   "op","dtype","bytes","peers","start_us","end_us","state","waiting_on","moved","error"}`,
+//!   `state` one of `running`, `done`, `failed`, `end_us` null while running.
+//!
+//! and `rank-R.progress`, `{"rank":R,"completed":C,"last_end_us":T}`, which the hang report
+//! watches. Unknown fields are ignored (a newer rank may add some); a missing one is an error
+//! naming the file and line. Everything is drawn from the files alone, so it works the same
+//! for jobs launched by `mlx.launch`.
+//!
+//! What the diagnosis says ([`diagnose`]), where the records allow it:
+//! - ranks in different operations at the same sequence number of a group ("rank 1 is in
+//!   all_gather #3, ranks 0, 2, 3 in all_sum #3"), or in the same one with different types or
+//!   sizes;
+//! - a rank behind the others ("rank 2 is at all_sum #5, the others at #6: rank 2 has not
+//!   joined all_sum #6");
+//! - a rank that is gone: no file, or (known to the launcher only) its process has exited;
+//! - the first failure by time: the earliest `end_us` of a failed operation, with its error.
+//!
+//! Times: a running operation's wait is counted up to its record's `at_us` (when the rank
+//! wrote it), not to the moment the diagnosis is read, so that a record read hours later
+//! still says how long the rank had waited.
+//!
+//! Parsing and the diagnosis are pure (text in, table out) and unit-tested against files
+//! written by hand to the contract; [`read_dir`] is the one function that reads the disk.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::failure::ranks_text;
+
+/// A record's header line.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub(crate) struct Header {
+    /// The format's version (1).
+    pub(crate) record: u32,
+    /// The rank in the job's world group.
+    pub(crate) rank: usize,
+    /// The world group's size.
+    pub(crate) size: usize,
+    /// The host it ran on.
+    pub(crate) host: String,
+    /// Its process id.
+    pub(crate) pid: u32,
+    /// `failure` or `request`.
+    pub(crate) reason: String,
+    /// The request id it answered, for a `request` dump.
+    pub(crate) request: Option<u64>,
+    /// When it wrote the record, unix time in µs.
+    pub(crate) at_us: u64,
+    /// How many operations its ring buffer holds.
+    pub(crate) capacity: usize,
+    /// How many older operations the buffer no longer held.
+    pub(crate) dropped: u64,
+}
+
+/// One operation of a record.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub(crate) struct Op {
+    /// `world` or a sub-group's id.
+    pub(crate) group: String,
+    /// The rank within the group.
+    pub(crate) group_rank: usize,
+    /// The group's size.
+    pub(crate) group_size: usize,
+    /// The operation's sequence number in the group (per peer for send and recv).
+    pub(crate) seq: u64,
+    /// `all_sum`, `all_max`, `all_min`, `all_gather`, `send`, `recv`, `split`.
+    pub(crate) op: String,
+    /// MLX's name of the element type.
+    pub(crate) dtype: String,
+    /// Bytes per rank.
+    pub(crate) bytes: u64,
+    /// The group ranks it exchanges with.
+    pub(crate) peers: Vec<usize>,
+    /// When it started, unix µs.
+    pub(crate) start_us: u64,
+    /// When it ended, unix µs; `None` while running.
+    pub(crate) end_us: Option<u64>,
+    /// `running`, `done` or `failed`.
+    pub(crate) state: String,
+    /// While running, the peers of the step it waits in.
+    pub(crate) waiting_on: Vec<usize>,
+    /// Bytes moved per peer, `[peer, bytes]`.
+    pub(crate) moved: Vec<(usize, u64)>,
+    /// The error, when failed.
+    pub(crate) error: Option<String>,
+}
+
+impl Op {
+    /// Whether it is a collective (numbered per group, not per peer).
+    fn collective(&self) -> bool {
+        self.op != "send" && self.op != "recv"
+    }
+}
+
+/// A rank's record: its header and operations, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// The header.
+    pub(crate) header: Header,
+    /// The operations.
+    pub(crate) ops: Vec<Op>,
+}
+
+/// A rank's `rank-R.progress`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub(crate) struct Progress {
+    /// The rank.
+    pub(crate) rank: usize,
+    /// Operations completed so far.
+    pub(crate) completed: u64,
+    /// When the last one ended, unix µs (0 if none).
+    pub(crate) last_end_us: u64,
+}
+
+/// Parses a record's text; `file` names it in errors.
+///
+/// # Errors
+///
+/// The file, the line and serde's message for a line that is not the contract's (an empty
+/// file, a header or an operation with a missing or mistyped field).
+pub(crate) fn parse(text: &str, file: &str) -> Result<Record, String> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let (_, first) = lines
+        .next()
+        .ok_or_else(|| format!("{file}: empty, no header line"))?;
+    let header: Header =
+        serde_json::from_str(first).map_err(|e| format!("{file}: line 1 (the header): {e}"))?;
+    let ops = lines
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("{file}: line {}: {e}", i + 1)))
+        .collect::<Result<Vec<Op>, String>>()?;
+    Ok(Record { header, ops })
+}
+
+/// Parses a `rank-R.progress` file's text.
+pub(crate) fn parse_progress(text: &str) -> Option<Progress> {
+    serde_json::from_str(text.trim()).ok()
+}
+
+/// Reads every `rank-R.jsonl` in `dir`: the records, and the problems met (a file that
+/// cannot be read or parsed), in rank order.
+///
+/// # Errors
+///
+/// The directory and the system's message when it cannot be listed.
+pub(crate) fn read_dir(dir: &Path) -> Result<(Vec<Record>, Vec<String>), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("rank-") && n.ends_with(".jsonl"))
+        .collect();
+    names.sort_by_key(|n| rank_of(n).unwrap_or(usize::MAX));
+    let mut records = Vec::new();
+    let mut problems = Vec::new();
+    for name in names {
+        let path = dir.join(&name);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => match parse(&text, &name) {
+                Ok(r) => records.push(r),
+                Err(e) => problems.push(e),
+            },
+            Err(e) => problems.push(format!("{name}: {e}")),
+        }
+    }
+    Ok((records, problems))
+}
+
+/// The rank a `rank-R.jsonl` or `rank-R.progress` file name is for.
+pub(crate) fn rank_of(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix("rank-")?;
+    let digits = rest.split('.').next()?;
+    digits.parse().ok()
+}
+
+/// One row of the table: a rank and the operation it is in, or last did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct Row {
+    /// The rank.
+    pub(crate) rank: usize,
+    /// Its host.
+    pub(crate) host: String,
+    /// Why it wrote its record (`failure`, `request`).
+    pub(crate) reason: String,
+    /// The operation, when it had done any.
+    pub(crate) op: Option<Op>,
+    /// How long it waited in it, µs: up to the record's time when running, else its
+    /// duration.
+    pub(crate) waited_us: Option<u64>,
+}
+
+/// The merged records: a row per rank and what can be concluded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub(crate) struct Diagnosis {
+    /// The job's size (the largest the records or the launcher know).
+    pub(crate) size: usize,
+    /// A row per rank that has a record, in rank order.
+    pub(crate) rows: Vec<Row>,
+    /// Ranks without a record.
+    pub(crate) missing: Vec<usize>,
+    /// The conclusions, most telling first.
+    pub(crate) findings: Vec<String>,
+    /// Files that could not be read.
+    pub(crate) problems: Vec<String>,
+}
+
+/// The operation a rank is in (its newest running one) or, when none runs, its last.
+fn current(record: &Record) -> Option<&Op> {
+    record
+        .ops
+        .iter()
+        .rev()
+        .find(|o| o.state == "running")
+        .or_else(|| record.ops.last())
+}
+
+/// "all_sum #3", with the group when it is not the world.
+fn op_name(op: &Op) -> String {
+    if op.group == "world" {
+        format!("{} #{}", op.op, op.seq)
+    } else {
+        format!("{} #{} of group {}", op.op, op.seq, op.group)
+    }
+}
+
+/// A duration in µs, readably.
+fn duration(us: u64) -> String {
+    if us >= 1_000_000 {
+        format!("{:.1} s", us as f64 / 1e6)
+    } else if us >= 1_000 {
+        format!("{:.1} ms", us as f64 / 1e3)
+    } else {
+        format!("{us} µs")
+    }
+}
+
+/// Merges `records` (any order) into the table and the diagnosis. `size` is the job's size
+/// when the caller knows it (the launcher), `gone` the ranks whose process is known to have
+/// exited, `problems` the files that could not be read.
+pub(crate) fn diagnose(
+    records: &[Record],
+    size: Option<usize>,
+    gone: &[usize],
+    problems: Vec<String>,
+) -> Diagnosis {
+    let mut by_rank: BTreeMap<usize, &Record> = BTreeMap::new();
+    for r in records {
+        by_rank.insert(r.header.rank, r);
+    }
+    let size = records
+        .iter()
+        .map(|r| r.header.size)
+        .chain(size)
+        .chain(by_rank.keys().map(|r| r + 1))
+        .max()
+        .unwrap_or(0);
+    let rows: Vec<Row> = by_rank
+        .values()
+        .map(|r| {
+            let op = current(r).cloned();
+            let waited_us = op.as_ref().map(|o| {
+                o.end_us
+                    .unwrap_or(r.header.at_us)
+                    .saturating_sub(o.start_us)
+            });
+            Row {
+                rank: r.header.rank,
+                host: r.header.host.clone(),
+                reason: r.header.reason.clone(),
+                op,
+                waited_us,
+            }
+        })
+        .collect();
+    let missing: Vec<usize> = (0..size).filter(|r| !by_rank.contains_key(r)).collect();
+    let mut findings = Vec::new();
+    mismatches(&rows, &mut findings);
+    behind(&rows, &mut findings);
+    for &r in gone {
+        findings.push(format!("rank {r} is gone: its process has exited"));
+    }
+    for &r in missing.iter().filter(|r| !gone.contains(r)) {
+        findings.push(format!(
+            "rank {r} left no record (no rank-{r}.jsonl): it is gone, stuck before it could \
+             answer, or does not record"
+        ));
+    }
+    if let Some(f) = first_failure(records) {
+        findings.push(f);
+    }
+    Diagnosis {
+        size,
+        rows,
+        missing,
+        findings,
+        problems,
+    }
+}
+
+/// The ranks of one operation by element type and size.
+type Shapes = BTreeMap<(String, u64), Vec<usize>>;
+
+/// Ranks in different operations (or types, or sizes) at the same sequence number of a
+/// group.
+fn mismatches(rows: &[Row], findings: &mut Vec<String>) {
+    let mut at: BTreeMap<(&str, u64), BTreeMap<String, Vec<usize>>> = BTreeMap::new();
+    for row in rows {
+        let Some(op) = row.op.as_ref().filter(|o| o.collective()) else {
+            continue;
+        };
+        at.entry((op.group.as_str(), op.seq))
+            .or_default()
+            .entry(op.op.clone())
+            .or_default()
+            .push(row.rank);
+    }
+    for ((group, seq), ops) in &at {
+        if ops.len() > 1 {
+            let mut parts: Vec<(&String, &Vec<usize>)> = ops.iter().collect();
+            parts.sort_by_key(|(name, ranks)| (ranks.len(), (*name).clone()));
+            let text: Vec<String> = parts
+                .iter()
+                .enumerate()
+                .map(|(i, (name, ranks))| {
+                    let verb = match (i, ranks.len()) {
+                        (0, 1) => " is",
+                        (0, _) => " are",
+                        _ => "",
+                    };
+                    format!("{}{verb} in {name} #{seq}", ranks_text(ranks))
+                })
+                .collect();
+            let group = if *group == "world" {
+                String::new()
+            } else {
+                format!(" (group {group})")
+            };
+            findings.push(format!(
+                "different operations at the same step{group}: {}",
+                text.join(", ")
+            ));
+        }
+    }
+    // The same operation with different element types or sizes.
+    let mut kinds: BTreeMap<(&str, u64, &str), Shapes> = BTreeMap::new();
+    for row in rows {
+        let Some(op) = row.op.as_ref().filter(|o| o.collective()) else {
+            continue;
+        };
+        kinds
+            .entry((op.group.as_str(), op.seq, op.op.as_str()))
+            .or_default()
+            .entry((op.dtype.clone(), op.bytes))
+            .or_default()
+            .push(row.rank);
+    }
+    for ((_, seq, name), shapes) in &kinds {
+        if shapes.len() > 1 {
+            let text: Vec<String> = shapes
+                .iter()
+                .map(|((dtype, bytes), ranks)| {
+                    format!("{} with {dtype}, {bytes} bytes", ranks_text(ranks))
+                })
+                .collect();
+            findings.push(format!(
+                "ranks disagree on {name} #{seq}: {}",
+                text.join("; ")
+            ));
+        }
+    }
+}
+
+/// Ranks behind the others in a group's collectives, while the others wait.
+fn behind(rows: &[Row], findings: &mut Vec<String>) {
+    let mut groups: BTreeMap<&str, Vec<(&Row, &Op)>> = BTreeMap::new();
+    for row in rows {
+        if let Some(op) = row.op.as_ref().filter(|o| o.collective()) {
+            groups.entry(op.group.as_str()).or_default().push((row, op));
+        }
+    }
+    for (group, members) in groups {
+        let Some(ahead) = members.iter().map(|(_, o)| o.seq).max() else {
+            continue;
+        };
+        let waiting = members
+            .iter()
+            .any(|(_, o)| o.seq == ahead && o.state == "running");
+        let late: Vec<&(&Row, &Op)> = members.iter().filter(|(_, o)| o.seq < ahead).collect();
+        if !waiting || late.is_empty() {
+            continue;
+        }
+        let ahead_op = members
+            .iter()
+            .find(|(_, o)| o.seq == ahead)
+            .map(|(_, o)| o.op.clone())
+            .unwrap_or_default();
+        let group = if group == "world" {
+            String::new()
+        } else {
+            format!(" of group {group}")
+        };
+        for (row, op) in late {
+            findings.push(format!(
+                "rank {} is at {} #{} ({}), the others at #{ahead}: rank {} has not joined \
+                 {ahead_op} #{ahead}{group}",
+                row.rank, op.op, op.seq, op.state, row.rank
+            ));
+        }
+    }
+}
+
+/// The first failed operation by time: the earliest `end_us` of a failed one.
+fn first_failure(records: &[Record]) -> Option<String> {
+    let (rank, op) = records
+        .iter()
+        .flat_map(|r| r.ops.iter().map(move |o| (r.header.rank, o)))
+        .filter(|(_, o)| o.state == "failed")
+        .filter_map(|(r, o)| Some((o.end_us?, r, o)))
+        .min_by_key(|(end, r, _)| (*end, *r))
+        .map(|(_, r, o)| (r, o))?;
+    Some(format!(
+        "the first failure by time: rank {rank}, {}: {}",
+        op_name(op),
+        op.error.as_deref().unwrap_or("(no error text)")
+    ))
+}
+
+/// The table and the findings, as printed.
+pub(crate) fn render(d: &Diagnosis) -> String {
+    let mut table = vec![
+        [
+            "rank",
+            "host",
+            "operation",
+            "group",
+            "state",
+            "waited",
+            "waiting on",
+            "record",
+        ]
+        .map(str::to_owned),
+    ];
+    for row in &d.rows {
+        let (name, group, state, waiting) = match &row.op {
+            Some(op) => (
+                format!("{} #{}", op.op, op.seq),
+                op.group.clone(),
+                op.state.clone(),
+                if op.waiting_on.is_empty() {
+                    "-".to_owned()
+                } else {
+                    ranks_text(&op.waiting_on)
+                },
+            ),
+            None => ("(none yet)".to_owned(), "-".into(), "-".into(), "-".into()),
+        };
+        table.push([
+            row.rank.to_string(),
+            row.host.clone(),
+            name,
+            group,
+            state,
+            row.waited_us.map_or("-".to_owned(), duration),
+            waiting,
+            row.reason.clone(),
+        ]);
+    }
+    for &r in &d.missing {
+        let mut cells: [String; 8] = Default::default();
+        cells[0] = r.to_string();
+        cells[2] = "(no record)".to_owned();
+        table.push(cells);
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|c| {
+            table
+                .iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in &table {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
+        }
+        out += line.trim_end();
+        out.push('\n');
+    }
+    for f in &d.findings {
+        out += &format!("- {f}\n");
+    }
+    for p in &d.problems {
+        out += &format!("! {p}\n");
+    }
+    out
+}
+
+/// The ranks whose `rank-R.jsonl` carries request `id` (answered a dump request).
+pub(crate) fn answered(records: &[Record], id: u64) -> BTreeSet<usize> {
+    records
+        .iter()
+        .filter(|r| r.header.request == Some(id))
+        .map(|r| r.header.rank)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: u64 = 1_764_760_000_000_000;
+
+    fn header(rank: usize, reason: &str) -> String {
+        format!(
+            r#"{{"record":1,"rank":{rank},"size":4,"host":"mac-{rank}","pid":{},"reason":"{reason}","request":null,"at_us":{},"capacity":256,"dropped":0}}"#,
+            1000 + rank,
+            T + 5_000_000
+        )
+    }
+
+    fn op(seq: u64, name: &str, state: &str, end: Option<u64>, waiting: &[usize]) -> String {
+        format!(
+            r#"{{"group":"world","group_rank":0,"group_size":4,"seq":{seq},"op":"{name}","dtype":"float32","bytes":4096,"peers":[3,1],"start_us":{},"end_us":{},"state":"{state}","waiting_on":{waiting:?},"moved":[[3,4096],[1,4096]],"error":{}}}"#,
+            T + seq * 1000,
+            end.map_or("null".to_owned(), |e| e.to_string()),
+            if state == "failed" {
+                format!("\"rank {seq}: the connection was closed by the peer\"")
+            } else {
+                "null".to_owned()
+            }
+        )
+    }
+
+    fn record(rank: usize, lines: &[String]) -> Record {
+        let mut text = header(rank, "request");
+        for l in lines {
+            text += "\n";
+            text += l;
+        }
+        parse(&text, &format!("rank-{rank}.jsonl")).expect("a record")
+    }
+
+    fn done(seq: u64, name: &str) -> String {
+        op(seq, name, "done", Some(T + seq * 1000 + 120), &[])
+    }
+
+    #[test]
+    fn a_record_is_read_by_the_contract_and_a_bad_line_is_named() {
+        let r = record(
+            2,
+            &[done(0, "all_sum"), op(1, "all_sum", "running", None, &[1])],
+        );
+        assert_eq!(r.header.rank, 2);
+        assert_eq!(r.header.host, "mac-2");
+        assert_eq!(r.ops.len(), 2);
+        assert_eq!(r.ops[1].end_us, None);
+        assert_eq!(r.ops[0].moved, [(3, 4096), (1, 4096)]);
+        let bad = format!("{}\n{{\"group\":\"world\"}}", header(0, "failure"));
+        let e = parse(&bad, "rank-0.jsonl").expect_err("a missing field");
+        assert!(e.starts_with("rank-0.jsonl: line 2: missing field"), "{e}");
+        assert!(parse("", "rank-0.jsonl").is_err());
+        assert_eq!(rank_of("rank-12.jsonl"), Some(12));
+        assert_eq!(rank_of("rank-3.progress"), Some(3));
+        assert_eq!(
+            parse_progress(r#"{"rank":1,"completed":7,"last_end_us":12}"#),
+            Some(Progress {
+                rank: 1,
+                completed: 7,
+                last_end_us: 12
+            })
+        );
+    }
+
+    #[test]
+    fn ranks_in_different_operations_at_one_step_are_named() {
+        let records: Vec<Record> = (0..4)
+            .map(|r| {
+                let name = if r == 1 { "all_gather" } else { "all_sum" };
+                record(
+                    r,
+                    &[
+                        done(2, "all_sum"),
+                        op(3, name, "running", None, &[(r + 1) % 4]),
+                    ],
+                )
+            })
+            .collect();
+        let d = diagnose(&records, None, &[], Vec::new());
+        assert_eq!(
+            d.findings,
+            [
+                "different operations at the same step: rank 1 is in all_gather #3, ranks 0, 2, 3 \
+              in all_sum #3"
+            ]
+        );
+        assert_eq!(d.rows[1].waited_us, Some(5_000_000 - 3000));
+        let text = render(&d);
+        assert!(text.contains("all_gather #3"), "{text}");
+        assert!(
+            text.lines()
+                .next()
+                .unwrap_or_default()
+                .starts_with("rank  host"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_rank_behind_the_others_has_not_joined() {
+        let mut records: Vec<Record> = [0, 1, 3]
+            .map(|r| {
+                record(
+                    r,
+                    &[done(5, "all_sum"), op(6, "all_sum", "running", None, &[2])],
+                )
+            })
+            .into();
+        records.push(record(2, &[done(4, "all_sum"), done(5, "all_sum")]));
+        let d = diagnose(&records, None, &[], Vec::new());
+        assert_eq!(
+            d.findings,
+            ["rank 2 is at all_sum #5 (done), the others at #6: rank 2 has not joined all_sum #6"]
+        );
+    }
+
+    #[test]
+    fn a_rank_without_a_record_or_whose_process_exited_is_gone() {
+        let records: Vec<Record> = [0, 1, 2]
+            .map(|r| record(r, &[op(0, "all_sum", "running", None, &[3])]))
+            .into();
+        let d = diagnose(&records, None, &[], Vec::new());
+        assert_eq!(d.missing, [3]);
+        assert_eq!(d.findings.len(), 1);
+        assert!(
+            d.findings[0].starts_with("rank 3 left no record"),
+            "{:?}",
+            d.findings
+        );
+        let d = diagnose(&records, None, &[3], Vec::new());
+        assert_eq!(d.findings, ["rank 3 is gone: its process has exited"]);
+        assert!(render(&d).contains("(no record)"));
+    }
+
+    #[test]
+    fn the_first_failure_by_time_is_the_earliest_failed_end() {
+        let records = [
+            record(0, &[op(1, "all_sum", "failed", Some(T + 9_000), &[])]),
+            record(1, &[op(1, "all_sum", "failed", Some(T + 7_000), &[])]),
+            record(2, &[op(1, "all_sum", "failed", Some(T + 8_000), &[])]),
+            record(3, &[done(1, "all_sum")]),
+        ];
+        let d = diagnose(&records, Some(4), &[], Vec::new());
+        assert_eq!(
+            d.findings,
+            [
+                "the first failure by time: rank 1, all_sum #1: rank 1: the connection was closed \
+              by the peer"
+            ]
+        );
+        // As JSON for scripts: the rows, the findings.
+        let json = serde_json::to_value(&d).expect("json");
+        assert_eq!(json["rows"][1]["op"]["state"], "failed");
+        assert_eq!(json["size"], 4);
+    }
+
+    #[test]
+    fn the_same_operation_with_different_sizes_is_a_disagreement() {
+        let mut odd = op(0, "all_sum", "running", None, &[0]);
+        odd = odd.replace("\"bytes\":4096", "\"bytes\":2048");
+        let records = [
+            record(0, &[op(0, "all_sum", "running", None, &[1])]),
+            record(1, &[odd]),
+        ];
+        let d = diagnose(&records, Some(2), &[], Vec::new());
+        // The headers say 4 ranks: 2 and 3 left no record.
+        assert_eq!(
+            d.findings[..1],
+            [
+                "ranks disagree on all_sum #0: rank 1 with float32, 2048 bytes; rank 0 with \
+              float32, 4096 bytes"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_ranks_that_answered_a_request_are_those_whose_header_carries_its_id() {
+        let mut a = record(0, &[]);
+        a.header.request = Some(7);
+        let mut b = record(1, &[]);
+        b.header.request = Some(6);
+        assert_eq!(answered(&[a, b], 7), BTreeSet::from([0]));
+    }
+}
