@@ -34,6 +34,7 @@ struct Config {
     layers: usize,
     dims: i32,
     heads: i32,
+    simulate: bool,
 }
 
 fn main() -> Result<()> {
@@ -43,6 +44,7 @@ fn main() -> Result<()> {
         layers: 2,
         dims: 128,
         heads: 8,
+        simulate: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -58,14 +60,18 @@ fn main() -> Result<()> {
             "--layers" => config.layers = value()?,
             "--dims" => config.dims = i32::try_from(value()?)?,
             "--heads" => config.heads = i32::try_from(value()?)?,
+            "--simulate" => config.simulate = true,
             other => {
                 return Err(format!(
                     "unknown argument {other:?} (usage: -n RANKS [--tokens N] [--layers L] \
-                     [--dims D] [--heads H])"
+                     [--dims D] [--heads H] [--simulate])"
                 )
                 .into());
             }
         }
+    }
+    if config.simulate {
+        return simulate(config);
     }
     if std::env::var_os("MLX_RANK").is_some() {
         let group = nuvec_distributed::init(true)?;
@@ -74,6 +80,31 @@ fn main() -> Result<()> {
     nuvec_local::Job::this_program("tensor-parallel", config.ranks.max(1))?
         .ring(1)?
         .run_ok()?;
+    Ok(())
+}
+
+/// Serialises drawing the seeded weights between ranks that share a process.
+static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The same ranks in the deterministic simulator: one thread per rank, each with its own
+/// `&Group` (the default group is process-wide, so code that takes `None` would run as one rank).
+/// Times are wall-clock time of threads sharing this machine, not a network's.
+fn simulate(config: Config) -> Result<()> {
+    let report = nuvec_fabric_sim::Sim::ring(config.ranks.max(1), 1)
+        .seed(1)
+        .run_ring(Duration::from_secs(120), |group| {
+            run(&group, config).map_err(|e| e.to_string())
+        });
+    for (rank, outcome) in report.outcomes.iter().enumerate() {
+        match outcome {
+            nuvec_fabric_sim::Outcome::Returned(Ok(())) => {}
+            other => return Err(format!("simulated rank {rank}: {other:?}").into()),
+        }
+    }
+    println!(
+        "simulated: {} ranks, trace hash {:016x}",
+        config.ranks, report.trace_hash
+    );
     Ok(())
 }
 
@@ -110,6 +141,11 @@ impl Decoder {
             )
             .into());
         }
+        // The seed and the draws are process-wide: ranks running as threads (the simulator)
+        // take turns, so each draws the same weights.
+        let _turn = SEEDED
+            .lock()
+            .map_err(|_| "a rank panicked while drawing weights")?;
         random::seed(7);
         let d = config.dims;
         let embedding = Embedding::new(VOCAB, d);

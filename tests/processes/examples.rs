@@ -71,3 +71,36 @@ fn simulate_shows_the_error_of_a_crashed_rank() {
     let again = run("simulate", &["--ranks", "4", "--crash", "2"]);
     assert_eq!(out, again, "the same seed must replay the same run");
 }
+
+#[test]
+fn tensor_parallel_decoding_on_two_ranks_matches_the_one_process_model() {
+    let out = run("tensor_parallel", &["-n", "2", "--tokens", "8"]);
+    assert!(
+        out.contains("tokens identical to the single-process model's on all 2 ranks"),
+        "{out}"
+    );
+    assert!(out.contains("tokens/s"), "{out}");
+}
+
+#[test]
+fn tensor_parallel_decoding_on_four_ranks_matches_the_one_process_model() {
+    let out = run("tensor_parallel", &["-n", "4", "--tokens", "8"]);
+    assert!(
+        out.contains("tokens identical to the single-process model's on all 4 ranks"),
+        "{out}"
+    );
+    assert!(out.contains("collectives"), "{out}");
+}
+
+#[test]
+fn tensor_parallel_decoding_in_the_simulator_matches_the_one_process_model() {
+    let out = run(
+        "tensor_parallel",
+        &["-n", "2", "--tokens", "4", "--simulate"],
+    );
+    assert!(
+        out.contains("tokens identical to the single-process model's on all 2 ranks"),
+        "{out}"
+    );
+    assert!(out.contains("simulated: 2 ranks"), "{out}");
+}
