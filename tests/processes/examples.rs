@@ -29,6 +29,7 @@ fn all_sum_runs_on_two_local_ranks() {
 fn data_parallel_training_converges_with_identical_parameters() {
     let out = run("data_parallel", &["-n", "2"]);
     assert!(out.contains("parameters identical on all 2 ranks"), "{out}");
+    assert!(out.contains("ms per step"), "{out}");
     let last_loss: f32 = out
         .lines()
         .rev()
