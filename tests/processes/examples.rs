@@ -1,5 +1,6 @@
 //! The examples run as the README says: all_sum on local ranks, data-parallel training with
-//! identical parameters on every rank, and the simulator showing a crash's errors.
+//! identical parameters on every rank, tensor-parallel decoding matching the one-process model
+//! (on 2 and 4 ranks and in the simulator), and the simulator showing a crash's errors.
 
 use std::process::Command;
 use std::time::Duration;
