@@ -1,5 +1,6 @@
 //! The examples run as the README says: all_sum on local ranks, data-parallel training with
-//! identical parameters on every rank, and the simulator showing a crash's errors.
+//! identical parameters on every rank, tensor-parallel decoding matching the one-process model
+//! (on 2 and 4 ranks and in the simulator), and the simulator showing a crash's errors.
 
 use std::process::Command;
 use std::time::Duration;
@@ -29,6 +30,7 @@ fn all_sum_runs_on_two_local_ranks() {
 fn data_parallel_training_converges_with_identical_parameters() {
     let out = run("data_parallel", &["-n", "2"]);
     assert!(out.contains("parameters identical on all 2 ranks"), "{out}");
+    assert!(out.contains("ms per step"), "{out}");
     let last_loss: f32 = out
         .lines()
         .rev()
@@ -70,4 +72,37 @@ fn simulate_shows_the_error_of_a_crashed_rank() {
     );
     let again = run("simulate", &["--ranks", "4", "--crash", "2"]);
     assert_eq!(out, again, "the same seed must replay the same run");
+}
+
+#[test]
+fn tensor_parallel_decoding_on_two_ranks_matches_the_one_process_model() {
+    let out = run("tensor_parallel", &["-n", "2", "--tokens", "8"]);
+    assert!(
+        out.contains("tokens identical to the single-process model's on all 2 ranks"),
+        "{out}"
+    );
+    assert!(out.contains("tokens/s"), "{out}");
+}
+
+#[test]
+fn tensor_parallel_decoding_on_four_ranks_matches_the_one_process_model() {
+    let out = run("tensor_parallel", &["-n", "4", "--tokens", "8"]);
+    assert!(
+        out.contains("tokens identical to the single-process model's on all 4 ranks"),
+        "{out}"
+    );
+    assert!(out.contains("collectives"), "{out}");
+}
+
+#[test]
+fn tensor_parallel_decoding_in_the_simulator_matches_the_one_process_model() {
+    let out = run(
+        "tensor_parallel",
+        &["-n", "2", "--tokens", "4", "--simulate"],
+    );
+    assert!(
+        out.contains("tokens identical to the single-process model's on all 2 ranks"),
+        "{out}"
+    );
+    assert!(out.contains("simulated: 2 ranks"), "{out}");
 }
