@@ -177,8 +177,7 @@ macro_rules! lifecycle_of_core {
                 std::time::Duration,
             ) -> Result<(), $crate::fabric::FabricError>,
         ) -> Result<(), $crate::error::Error> {
-            self.core
-                .operate($crate::collective::record::Call::new(op, bytes), body)
+            self.operate_call($crate::collective::record::Call::new(op, bytes), body)
         }
 
         /// [`operate`](Self::operate), with what the flight recorder notes of it.
