@@ -8,7 +8,7 @@ use std::time::Duration;
 use nuvec_core::DType;
 
 use super::checked::Headers;
-use super::fingerprint::{Fingerprint, Op};
+use super::fingerprint::{Fingerprint, Op, Schedule};
 use super::{RingTopology, algorithm, relay, schedule};
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
 use crate::collective::core::Core;
@@ -117,8 +117,9 @@ impl<F: Fabric> RingCommunicator<F> {
             if self.wire == Wire::Mlx {
                 return algorithm::all_reduce(fabric, ring, reducer, data, scratch, None, deadline);
             }
-            let ours = seqs.collective(ring, Op::reduction(op), Some(dtype), len);
-            if relay::relays(true, len, ring.size()) {
+            let relayed = relay::relays(true, len, ring.size());
+            let ours = seqs.collective(ring, Op::reduction(op), Some(dtype), len, relayed);
+            if relayed {
                 relay::all_reduce(
                     fabric, ring, reducer, data, scratch, headers, &ours, deadline,
                 )
@@ -157,8 +158,9 @@ impl<F: Fabric> RingCommunicator<F> {
             if self.wire == Wire::Mlx || ring.size() < 2 {
                 return algorithm::all_gather(fabric, ring, input, output, None, deadline);
             }
-            let ours = state.seqs.collective(ring, op, None, input.len());
-            if relay::relays(false, input.len(), ring.size()) {
+            let relayed = relay::relays(false, input.len(), ring.size());
+            let ours = state.seqs.collective(ring, op, None, input.len(), relayed);
+            if relayed {
                 relay::all_gather(
                     fabric,
                     ring,
@@ -269,13 +271,15 @@ struct Seqs {
 }
 
 impl Seqs {
-    /// The fingerprint of this rank's next collective, `op` of `bytes` per rank, and counts it.
+    /// The fingerprint of this rank's next collective, `op` of `bytes` per rank (by the relay
+    /// when `relayed`), and counts it.
     fn collective(
         &mut self,
         ring: &RingTopology,
         op: Op,
         dtype: Option<DType>,
         bytes: usize,
+        relayed: bool,
     ) -> Fingerprint {
         let seq = self.collectives;
         self.collectives += 1;
@@ -286,6 +290,11 @@ impl Seqs {
             bytes: bytes as u64,
             origin: ring.rank(),
             peer: None,
+            schedule: if relayed {
+                Schedule::Relay
+            } else {
+                Schedule::Ring
+            },
         }
     }
 
@@ -314,6 +323,7 @@ impl Seqs {
             bytes: bytes as u64,
             origin: ring.rank(),
             peer: Some(peer),
+            schedule: Schedule::Ring,
         }
     }
 }

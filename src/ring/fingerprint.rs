@@ -16,7 +16,7 @@
 //! | 4 | version (1) |
 //! | 5 | the operation ([`Op`]) |
 //! | 6 | the dtype (its index in [`DTYPES`], 255 for bytes) |
-//! | 7 | reserved, 0 |
+//! | 7 | the schedule ([`Schedule`]): 0 MLX's ring, 1 the relay |
 //! | 8..16 | the sequence number (see below) |
 //! | 16..24 | the byte count per rank |
 //! | 24..28 | the rank that made the header (the origin) |
@@ -33,6 +33,14 @@
 //! a `send` carries the number of sends its rank made to that peer before, and the matching
 //! `recv` compares it with the number of receives it made from that rank: the two counts agree
 //! exactly when the two programs pair their sends and receives in the same order.
+//!
+//! # Schedules
+//!
+//! A collective's size picks its schedule (the relay up to a crossover, MLX's ring above it),
+//! and every rank must pick the same one: the two move other bytes on other links. The header
+//! names the schedule, so ranks whose builds draw the crossover elsewhere (another version of
+//! this crate, or a build made to measure it) fail naming both schedules rather than read each
+//! other's bytes as their own.
 
 use std::fmt;
 
@@ -120,6 +128,40 @@ impl Op {
     }
 }
 
+/// How a collective moves its bytes on the nuvec wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// MLX's ring schedule, the headers riding its first step (also every send and receive).
+    Ring,
+    /// The relay of small collectives ([`relay`](super::relay)).
+    Relay,
+}
+
+impl Schedule {
+    fn code(self) -> u8 {
+        match self {
+            Schedule::Ring => 0,
+            Schedule::Relay => 1,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Schedule> {
+        match code {
+            0 => Some(Schedule::Ring),
+            1 => Some(Schedule::Relay),
+            _ => None,
+        }
+    }
+
+    /// The schedule as a mismatch names it.
+    fn name(self) -> &'static str {
+        match self {
+            Schedule::Ring => "MLX's ring schedule",
+            Schedule::Relay => "the relay",
+        }
+    }
+}
+
 /// One rank's call, as the nuvec wire compares them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Fingerprint {
@@ -136,6 +178,8 @@ pub struct Fingerprint {
     pub origin: usize,
     /// The other end of a send or receive (`None` for collectives).
     pub peer: Option<usize>,
+    /// How the collective moves its bytes ([`Schedule::Ring`] for sends and receives).
+    pub schedule: Schedule,
 }
 
 impl Fingerprint {
@@ -150,6 +194,7 @@ impl Fingerprint {
             .dtype
             .and_then(|d| DTYPES.iter().position(|&x| x == d))
             .map_or(BYTES, |i| i as u8);
+        h[7] = self.schedule.code();
         h[8..16].copy_from_slice(&self.seq.to_le_bytes());
         h[16..24].copy_from_slice(&self.bytes.to_le_bytes());
         h[24..28].copy_from_slice(&(self.origin as u32).to_le_bytes());
@@ -172,6 +217,7 @@ impl Fingerprint {
             i => Some(*DTYPES.get(usize::from(i))?),
         };
         let origin = u32::from_le_bytes(h[24..28].try_into().ok()?) as usize;
+        let schedule = Schedule::from_code(h[7])?;
         Some(Fingerprint {
             op,
             dtype,
@@ -179,12 +225,13 @@ impl Fingerprint {
             bytes: u64::from_le_bytes(h[16..24].try_into().ok()?),
             origin,
             peer: (op == Op::Send).then_some(receiver),
+            schedule,
         })
     }
 
     /// Whether `theirs`, received from its origin, is the call that pairs with this one: the
-    /// same collective with the same dtype, sequence number and size, or, for a receive, the
-    /// matching send to this rank.
+    /// same collective with the same dtype, sequence number, size and schedule, or, for a
+    /// receive, the matching send to this rank.
     pub fn matches(&self, theirs: &Fingerprint) -> bool {
         match self.op {
             Op::Recv => {
@@ -199,6 +246,7 @@ impl Fingerprint {
                     && theirs.dtype == self.dtype
                     && theirs.seq == self.seq
                     && theirs.bytes == self.bytes
+                    && theirs.schedule == self.schedule
             }
         }
     }
@@ -206,6 +254,23 @@ impl Fingerprint {
     /// The text of a mismatch between this rank's call and `theirs`: "rank 1 called all_gather
     /// #3 of 16 bytes per rank where this rank called all_sum #3 of 16 bytes (float32)".
     pub fn mismatch(&self, theirs: &Fingerprint) -> String {
+        let same_call = Fingerprint {
+            schedule: self.schedule,
+            origin: self.origin,
+            ..*theirs
+        } == *self;
+        if theirs.schedule != self.schedule && same_call {
+            // The same call by another schedule: the programs agree, the builds do not.
+            return format!(
+                "rank {} ran {} by {} where this rank ran it by {}: the ranks' builds draw the \
+                 nuvec wire's crossover elsewhere (different versions of nuvec-distributed?); \
+                 run one build on every rank",
+                theirs.origin,
+                Call(theirs),
+                theirs.schedule.name(),
+                self.schedule.name()
+            );
+        }
         format!(
             "rank {} called {} where this rank called {}: the ranks' programs disagree (the \
              nuvec wire checks every operation's call on every link)",
@@ -252,6 +317,7 @@ mod tests {
             bytes,
             origin,
             peer: None,
+            schedule: Schedule::Ring,
         }
     }
 
@@ -295,6 +361,7 @@ mod tests {
             bytes: 64,
             origin: 0,
             peer: Some(1),
+            schedule: Schedule::Ring,
         };
         let on_wire = Fingerprint::decode(&send.encode(), 1).expect("whole");
         let recv = Fingerprint {
@@ -326,5 +393,34 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_same_call_by_another_schedule_is_a_mismatch_that_names_both_schedules() {
+        let ring = sum(4, 65536, 0);
+        let relay = Fingerprint {
+            schedule: Schedule::Relay,
+            ..sum(4, 65536, 1)
+        };
+        assert_eq!(Fingerprint::decode(&relay.encode(), 0), Some(relay));
+        assert!(!ring.matches(&relay));
+        let text = ring.mismatch(&relay);
+        assert!(
+            text.starts_with(
+                "rank 1 ran all_sum #4 of 65536 bytes (float32) by the relay where this rank ran \
+                 it by MLX's ring schedule: the ranks' builds draw the nuvec wire's crossover \
+                 elsewhere"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_header_naming_no_known_schedule_is_not_read() {
+        let mut h = sum(1, 8, 0).encode();
+        h[7] = 2;
+        let crc = crc32fast::hash(&h[..28]);
+        h[28..32].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Fingerprint::decode(&h, 0), None);
     }
 }
