@@ -313,6 +313,9 @@ impl TcpFabric {
 #[derive(Clone, Copy)]
 struct Progress {
     done: usize,
+    /// Whether this transfer moves together with the ones after it on its channel and
+    /// direction, in one vectored system call ([`together`]).
+    together: bool,
     /// For receives handed to a sink: the reassembly of whole elements.
     stream: Reassembly,
 }
@@ -356,6 +359,139 @@ fn read_through(
     let read = limits::read(stream, &mut scratch[..n])?;
     into[..read].copy_from_slice(&scratch[..read]);
     Ok(read)
+}
+
+/// Whether transfer `i` of `step` moves together with the next ones on its channel and
+/// direction, in one vectored system call: a send followed by other sends with bytes on its
+/// channel (a header and its payload), or a header's receive (a [`Landing::Checked`])
+/// followed by a receive into a buffer on its channel (the payload). The nuvec wire sends
+/// every small message as a header and a payload; moved apart, each would be a system call,
+/// and a packet, of its own at both ends. The bytes and their order are the same either way.
+fn together(step: &[Transfer<'_>], i: usize) -> bool {
+    let Some(t) = step.get(i) else {
+        return false;
+    };
+    let next = step[i + 1..]
+        .iter()
+        .find(|n| n.channel() == t.channel() && n.direction() == t.direction());
+    match (t, next) {
+        (Transfer::Send { .. }, Some(Transfer::Send { data, .. })) => !data.is_empty(),
+        (
+            Transfer::Recv {
+                landing: Landing::Checked { .. },
+                ..
+            },
+            Some(Transfer::Recv {
+                landing: Landing::Into(buf),
+                ..
+            }),
+        ) => !buf.is_empty() && !scratch::aliases(buf.as_ptr()),
+        _ => false,
+    }
+}
+
+/// Moves transfer `i` of `step` and those that go [`together`] with it as far as the socket
+/// takes now, in vectored system calls: the sends on its channel after it, or the payload
+/// after a header's receive. Returns whether it progressed. A header's receive is judged by
+/// the caller, as any other.
+fn advance_together(
+    link: &mut Link,
+    step: &mut [Transfer<'_>],
+    progress: &mut [Progress],
+    i: usize,
+) -> io::Result<bool> {
+    let key = (step[i].channel(), step[i].direction());
+    // The transfers that move together: `i`, then the rest of its channel and direction.
+    let mut members: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
+    members.push(i);
+    if matches!(step[i], Transfer::Send { .. }) {
+        members.extend(
+            (i + 1..step.len())
+                .filter(|&j| (step[j].channel(), step[j].direction()) == key)
+                .take(3),
+        );
+    } else if let Some(j) =
+        (i + 1..step.len()).find(|&j| (step[j].channel(), step[j].direction()) == key)
+    {
+        members.push(j);
+    }
+    let mut moved = false;
+    loop {
+        let result = if matches!(step[i], Transfer::Send { .. }) {
+            let mut budget = limits::MAX_IO;
+            let slices: smallvec::SmallVec<[io::IoSlice<'_>; 4]> = members
+                .iter()
+                .filter_map(|&j| match &step[j] {
+                    Transfer::Send { data, .. } => {
+                        let rest = &data[progress[j].done.min(data.len())..];
+                        let rest = &rest[..rest.len().min(budget)];
+                        budget -= rest.len();
+                        (!rest.is_empty()).then(|| io::IoSlice::new(rest))
+                    }
+                    Transfer::Recv { .. } => None,
+                })
+                .collect();
+            if slices.is_empty() {
+                return Ok(moved);
+            }
+            io::Write::write_vectored(&mut link.stream, &slices)
+        } else {
+            let j = members.get(1).copied().unwrap_or(i);
+            let (head, tail) = step.split_at_mut(j.max(i + 1));
+            let first = match &mut head[i] {
+                Transfer::Recv {
+                    landing: Landing::Checked { buf, .. },
+                    ..
+                } => {
+                    let at = progress[i].done.min(buf.len());
+                    &mut buf[at..]
+                }
+                _ => &mut [][..],
+            };
+            let second = match tail.first_mut() {
+                Some(Transfer::Recv {
+                    landing: Landing::Into(buf),
+                    ..
+                }) if j != i => {
+                    let at = progress[j].done.min(buf.len());
+                    &mut buf[at..]
+                }
+                _ => &mut [][..],
+            };
+            if first.is_empty() && second.is_empty() {
+                return Ok(moved);
+            }
+            let second_len = second.len().min(limits::MAX_IO - first.len());
+            let mut slices = [
+                io::IoSliceMut::new(first),
+                io::IoSliceMut::new(&mut second[..second_len]),
+            ];
+            io::Read::read_vectored(&mut link.stream, &mut slices)
+        };
+        match result {
+            Ok(0) if matches!(step[i], Transfer::Send { .. }) => {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(mut n) => {
+                moved = true;
+                for &j in &members {
+                    let left = step[j].len() - progress[j].done;
+                    let took = left.min(n);
+                    progress[j].done += took;
+                    n -= took;
+                }
+                // A header is judged the moment it is whole: the payload after it waits for
+                // the verdict (the caller gives it).
+                if matches!(step[i], Transfer::Recv { .. }) && progress[i].done == step[i].len() {
+                    return Ok(moved);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(moved),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Moves as many bytes of one transfer as its socket takes now. Returns whether it progressed.
@@ -671,8 +807,10 @@ impl TcpFabric {
         // transfers, and four headers on the nuvec wire) without allocating.
         let mut progress: smallvec::SmallVec<[Progress; 12]> = step
             .iter()
-            .map(|t| Progress {
+            .enumerate()
+            .map(|(i, t)| Progress {
                 done: 0,
+                together: together(step, i),
                 stream: match t {
                     Transfer::Recv { landing, .. } => {
                         Reassembly::new(landing.len(), landing.grain())
@@ -691,18 +829,24 @@ impl TcpFabric {
             // (channel, direction) pairs whose earlier transfer in this step is not done: later
             // ones on the same pair must wait for it.
             let mut busy: smallvec::SmallVec<[(Channel, Direction); 8]> = smallvec::SmallVec::new();
-            for (t, p) in step.iter_mut().zip(progress.iter_mut()) {
-                if p.done == t.len() {
+            for i in 0..step.len() {
+                if progress[i].done == step[i].len() {
                     continue;
                 }
                 finished = false;
-                let key = (t.channel(), t.direction());
+                let key = (step[i].channel(), step[i].direction());
                 if busy.contains(&key) {
                     continue;
                 }
-                let c = t.channel();
+                let c = step[i].channel();
                 let link = &mut self.links[c.peer][c.link];
-                match advance(link, t, p) {
+                let advanced = if progress[i].together && link.local.is_none() {
+                    advance_together(link, step, &mut progress, i)
+                } else {
+                    advance(link, &mut step[i], &mut progress[i])
+                };
+                let (t, p) = (&step[i], &progress[i]);
+                match advanced {
                     Ok(m) => {
                         moved |= m;
                         if m && t.direction() == Direction::Recv {
@@ -943,6 +1087,108 @@ mod tests {
         let zero = TcpFabric::from_streams(0, vec![vec![], vec![opened]]).expect("rank 0");
         let one = TcpFabric::from_streams(1, vec![vec![accepted], vec![]]).expect("rank 1");
         (zero, one)
+    }
+
+    /// Accepts any header.
+    struct Any;
+
+    impl crate::fabric::Check for Any {
+        fn check(&self, _: &[u8]) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_header_moves_together_with_the_payload_after_it_on_its_channel_only() {
+        let (header, payload, none) = ([1u8; 32], [2u8; 64], [0u8; 0]);
+        let (mut into, mut head, mut body, mut lone) = ([0u8; 8], [0u8; 32], [0u8; 64], [0u8; 32]);
+        let (right, left) = (Channel::new(1, 0), Channel::new(2, 0));
+        let step = [
+            Transfer::Send {
+                channel: right,
+                data: &header,
+            },
+            Transfer::Recv {
+                channel: left,
+                landing: Landing::Into(&mut into),
+            },
+            Transfer::Send {
+                channel: left,
+                data: &header,
+            },
+            Transfer::Send {
+                channel: right,
+                data: &payload,
+            },
+            Transfer::Send {
+                channel: left,
+                data: &none,
+            },
+            Transfer::Recv {
+                channel: right,
+                landing: Landing::Checked {
+                    buf: &mut head,
+                    check: &Any,
+                },
+            },
+            Transfer::Recv {
+                channel: left,
+                landing: Landing::Checked {
+                    buf: &mut lone,
+                    check: &Any,
+                },
+            },
+            Transfer::Recv {
+                channel: right,
+                landing: Landing::Into(&mut body),
+            },
+        ];
+        let together: Vec<bool> = (0..step.len()).map(|i| together(&step, i)).collect();
+        // The first header's payload follows past a receive and a send on another channel;
+        // the second header is followed only by an empty send; a header's receive goes with
+        // the payload after it on its channel, and alone where none follows.
+        assert_eq!(
+            together,
+            [true, false, false, false, false, true, false, false]
+        );
+    }
+
+    #[test]
+    fn a_header_and_its_payload_arrive_whole_and_in_order_over_tcp() {
+        let (mut zero, mut one) = pair();
+        let header = [7u8; 32];
+        let payload: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        let sent = payload.clone();
+        let sender = std::thread::spawn(move || {
+            let mut step = [
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &header,
+                },
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &sent,
+                },
+            ];
+            let deadline = one.now() + Duration::from_secs(30);
+            one.run(&mut step, deadline).expect("send");
+        });
+        let (mut h, mut p) = ([0u8; 32], vec![0u8; 4096]);
+        let mut step = [
+            Transfer::Recv {
+                channel: Channel::new(1, 0),
+                landing: Landing::Into(&mut h),
+            },
+            Transfer::Recv {
+                channel: Channel::new(1, 0),
+                landing: Landing::Into(&mut p),
+            },
+        ];
+        let deadline = zero.now() + Duration::from_secs(30);
+        zero.run(&mut step, deadline).expect("receive");
+        sender.join().expect("the sender");
+        assert_eq!(h, [7u8; 32]);
+        assert!(p == payload, "the payload, in order");
     }
 
     /// [`pair`], with a local link carrying the connection's bytes.
