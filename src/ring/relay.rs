@@ -35,32 +35,68 @@ use crate::fabric::{Channel, Fabric, FabricError, Landing, Transfer};
 
 /// The largest all-reduce, in bytes per rank, that the relay takes.
 ///
-/// The cost model, per operation on R ranks with a hop of latency α and β seconds a byte: the
-/// relay takes ⌈(R−1)/2⌉·α + (R−1)·n·β (every rank sends every other rank's vector on), MLX's
-/// ring 2(R−1)·α + 2(R−1)/R·n·β. On paper the relay wins up to n = (2(R−1)−⌈(R−1)/2⌉)·α /
-/// ((R−1)(R−2)/R·β), always on two ranks. Measured on the emulated cluster (one rank per
-/// host, unshaped links, float32 all_sum through arrays, p50, best of 2, one run on a loaded
-/// machine): at 4 KiB the relay took 0.60× MLX's schedule's time on 2 hosts and 0.59× on 4;
-/// at 64 KiB 2.4× on 2 hosts and 1.0× on 4. The likely cause, not yet verified: a 64 KiB
-/// frame does not fit in the window a TCP receiver offers at first (Linux starts with 128 KiB
-/// of buffer, about half of it window), so it waits a round trip for room, where MLX's schedule
-/// moves 32 KiB pieces. So the crossover is kept well under that, at 16 KiB, until a quiet
-/// run measures 8 to 64 KiB.
+/// The cost model, per operation on R ranks: a hop costs its link's latency α, every message
+/// a fixed μ of system calls, packets and wake-ups on both ends, and every byte β. The relay
+/// takes ⌈(R−1)/2⌉·α, and each rank sends R−1 messages of n bytes; MLX's ring takes 2(R−1)·α
+/// and sends 2(R−1) messages of n/R. So the relay saves 2(R−1)−⌈(R−1)/2⌉ hops, and pays
+/// (R−1)·(R−2)/R·n·β more bytes per rank: it wins below a size that grows with α.
+///
+/// Measured where α is smallest, on one machine (`benches/cluster.sh` with `CROSSOVER=65536
+/// RATE=none`, one rank per host of the emulated cluster; and the allreduce bench over
+/// loopback TCP, `--tcp-only`), float32, p50 of the relay on the nuvec wire ÷ p50 of MLX's
+/// wire, best of 3, one run each on a quiet 2-core machine:
+///
+/// | ranks | 4 KiB | 8 KiB | 16 KiB | 32 KiB | 64 KiB |
+/// |---|---|---|---|---|---|
+/// | 2 hosts | 0.94 | 0.76 | 0.76 | 1.06 | 1.44 |
+/// | 4 hosts | 0.54 | 0.62 | 0.62 | 0.77 | 1.09 |
+/// | 2, loopback | 0.66 | | 0.95 | | 1.31 |
+/// | 4, loopback | 0.46 | | 0.73 | | 1.28 |
+/// | 8, loopback | 0.60 | | 0.86 | | 2.13 |
+///
+/// The relay wins up to 16 KiB at every R measured and loses at 64 KiB at every R (at 32
+/// KiB on 2 hosts already), so the crossover is 16 KiB. Where a hop costs more (Thunderbolt IP
+/// pings 0.38–0.95 ms, against tens of µs here) the relay gains more and the crossover would
+/// be higher; it is kept where it is measured. Those runs had each header sent together with
+/// its payload (`MSG_MORE`, see the TCP fabric); before that, a header went out as a packet of
+/// its own and 4 KiB on 4 hosts took 0.78× MLX's wire's time instead of 0.54×.
 pub const ALL_REDUCE_CROSSOVER: usize = 16 * 1024;
 
-/// The largest all-gather, in bytes per rank, that the relay takes (the same frames, so the
-/// same crossover as [`ALL_REDUCE_CROSSOVER`]).
+/// The largest all-gather, in bytes per rank, that the relay takes, on 3 ranks or more (on 2
+/// an all-gather takes one hop either way, so the relay would only add its header).
+///
+/// An all-gather by the relay sends the same R−1 messages of n bytes as MLX's, over
+/// ⌈(R−1)/2⌉ hops instead of R−1, so it saves hops and no bytes. Over loopback TCP, where a hop
+/// costs almost nothing, it measured (as [`ALL_REDUCE_CROSSOVER`]'s table) 0.83, 0.98 and 1.00
+/// × MLX's wire at 4, 16 and 64 KiB on 4 ranks and 1.06, 1.07 and 1.19 on 8: even where
+/// hops are free it is within 7 % up to 16 KiB, and across hosts each hop it saves is a link's
+/// latency. So it takes the all-reduce's crossover.
 pub const ALL_GATHER_CROSSOVER: usize = 16 * 1024;
 
 /// Whether an all-reduce (`reduce`) or all-gather of `bytes` per rank goes by the relay on
 /// the nuvec wire.
+///
+/// A build with `NUVEC_DISTRIBUTED_RELAY_CROSSOVER=BYTES` in its environment moves both
+/// crossovers to `BYTES`: that is how the crossover curve is measured (`benches/cluster.sh`'s
+/// `CROSSOVER`). It is read when the crate is compiled, not when it runs, so every rank of a
+/// job running one build agrees on it. Ranks whose builds disagree (this, or two versions of
+/// the crate with other crossovers) fail their first operation between the two crossovers,
+/// naming both schedules: every header names its schedule
+/// ([`Schedule`](super::fingerprint::Schedule)).
 pub fn relays(reduce: bool, bytes: usize, ranks: usize) -> bool {
-    let crossover = if reduce {
+    let crossover = built_crossover().unwrap_or(if reduce {
         ALL_REDUCE_CROSSOVER
     } else {
         ALL_GATHER_CROSSOVER
-    };
-    ranks > 1 && bytes <= crossover
+    });
+    // An all-gather on two ranks takes one hop either way: the relay would only add its header.
+    let fewer_hops = if reduce { ranks > 1 } else { ranks > 2 };
+    fewer_hops && bytes <= crossover
+}
+
+/// The crossover this build was compiled with, if any (see [`relays`]).
+fn built_crossover() -> Option<usize> {
+    option_env!("NUVEC_DISTRIBUTED_RELAY_CROSSOVER").and_then(|bytes| bytes.parse().ok())
 }
 
 /// The number of steps of the relay over `ranks` ranks: ⌈(R−1)/2⌉.
