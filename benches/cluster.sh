@@ -9,6 +9,12 @@
 #
 #   sudo bash benches/cluster.sh                              # 4K..64M, 2 and 4 hosts, 1gbit
 #   RATE=4gbit RANKS=2 REPS=3 SIZES=1M,16M sudo bash benches/cluster.sh
+#   RATE=none CROSSOVER=65536 SIZES=4K,8K,16K,32K,64K sudo -E bash benches/cluster.sh
+#   IMPLS="arrays arraysmlx" RANKS=4 SIZES=4K sudo bash benches/cluster.sh   # two columns only
+#
+# RATE=none leaves the NICs unshaped (the CPU is the limit). CROSSOVER=BYTES builds this
+# checkout with the nuvec wire's relay taking all-reduces and all-gathers up to BYTES per rank
+# (src/ring/relay.rs), which is how the crossover curve is measured.
 #
 # Needs root, iproute2, openssh-server, iperf3 and the MLX venv (.ci/setup-venv; without it
 # the mlx column is skipped). Not run in CI. Columns:
@@ -36,6 +42,10 @@ mkdir -p "$OUT"
 rm -f "$OUT"/*.log
 command -v iperf3 >/dev/null || { echo "needs iperf3 (apt-get install iperf3)" >&2; exit 2; }
 
+if [ -n "${CROSSOVER:-}" ]; then
+  export NUVEC_DISTRIBUTED_RELAY_CROSSOVER="$CROSSOVER"
+  echo "== the relay takes up to $CROSSOVER bytes per rank in this run" >&2
+fi
 echo "== building (release)" >&2
 artifact() { # artifact NAME: the executable of cargo's JSON messages on stdin named NAME
   python3 -c 'import json,sys
@@ -44,9 +54,9 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
         print(m["executable"])' "$1"
 }
-BENCH="$(cargo bench --ignore-rust-version --bench allreduce --no-run --message-format=json 2>/dev/null | artifact allreduce)"
-HARNESS="$(cargo test --ignore-rust-version --test cluster --no-run --message-format=json 2>/dev/null | artifact cluster)"
-[ -x "$BENCH" ] && [ -x "$HARNESS" ] || { echo "could not build the bench or the cluster harness" >&2; exit 1; }
+BENCH="$(cargo bench --ignore-rust-version --bench allreduce --no-run --message-format=json 2>"$OUT/build.log" | artifact allreduce)" || BENCH=""
+HARNESS="$(cargo test --ignore-rust-version --test cluster --no-run --message-format=json 2>>"$OUT/build.log" | artifact cluster)" || HARNESS=""
+[ -x "$BENCH" ] && [ -x "$HARNESS" ] || { tail -30 "$OUT/build.log" >&2; echo "could not build the bench or the cluster harness (cargo's messages: $OUT/build.log)" >&2; exit 1; }
 (cd benches/upstream && cargo build --release --ignore-rust-version --features local \
   --target-dir "$ROOT/target/upstream-bench" >&2)
 UPSTREAM="$ROOT/target/upstream-bench/release/nuvec-upstream-bench"
@@ -115,15 +125,19 @@ launch() {
   grep -E "ROW|^\[rank 0\] +[0-9]" "$log" >&2 || true
 }
 
+# wanted COLUMN: whether COLUMN is one of IMPLS (default: every column).
+IMPLS="${IMPLS:-mlx 0.5.0 arrays arraysmlx raw}"
+wanted() { [[ " $IMPLS " == *" $1 "* ]]; }
+
 for n in $RANKS; do
   for rep in $(seq 1 "$REPS"); do
-    if [ "$HAVE_MLX" = 1 ]; then
+    if [ "$HAVE_MLX" = 1 ] && wanted mlx; then
       launch mlx "$n" "$rep" "$PYTHON" "$ROOT/benches/mlx_allsum.py" --sizes "$SIZES"
     fi
-    launch upstream "$n" "$rep" "$UPSTREAM" --impl upstream --sizes "$SIZES"
-    launch arrays "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
-    WIRE=mlx launch arraysmlx "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
-    launch raw "$n" "$rep" "$BENCH" --sizes "$SIZES" --no-wire
+    wanted 0.5.0 && launch upstream "$n" "$rep" "$UPSTREAM" --impl upstream --sizes "$SIZES"
+    wanted arrays && launch arrays "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+    wanted arraysmlx && WIRE=mlx launch arraysmlx "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+    wanted raw && launch raw "$n" "$rep" "$BENCH" --sizes "$SIZES" --no-wire
   done
 done
 
@@ -227,6 +241,21 @@ for n in map(int, ranks):
             v = best.get((c, n, b))
             cpus.append("-" if v is None or math.isnan(v[2]) else f"{v[2]:.1f}")
         lines.append(f"| {n} | {label(b)} | " + " | ".join(cells + cpus) + " |")
+# The same runs as p50 latency, with the nuvec wire's time as a fraction of MLX's wire's.
+lines += [
+    "",
+    "p50 µs per all_sum (best of the runs); the last column is arrays ÷ arrays on MLX's wire:",
+    "",
+    "| hosts | size | " + " | ".join(cols) + " | nuvec wire ÷ MLX's wire |",
+    "|---|---|" + "---|" * (len(cols) + 1),
+]
+for n in map(int, ranks):
+    for s in sizes.split(","):
+        b = parse_bytes(s) // 4 * 4
+        cells = [f"{best[(c, n, b)][0]:.1f}" if (c, n, b) in best else "-" for c in cols]
+        native, mlxwire = best.get(("arrays", n, b)), best.get(("arrays, MLX's wire", n, b))
+        ratio = f"{native[0] / mlxwire[0]:.2f}" if native and mlxwire else "-"
+        lines.append(f"| {n} | {label(b)} | " + " | ".join(cells) + f" | {ratio} |")
 text = "\n".join(lines)
 print()
 print(text)

@@ -281,8 +281,12 @@ impl Cluster {
     }
 
     /// Shapes host `i`'s NIC at `rate` both ways: its sending on its side of the cable, its
-    /// receiving on the switch's side.
+    /// receiving on the switch's side. A rate of `none` leaves the NIC unshaped (a veth's own
+    /// speed: the CPU is the limit).
     fn shape(&self, i: usize, rate: &str, verb: &str) -> Result<(), String> {
+        if rate == "none" {
+            return Ok(());
+        }
         let h = &self.hosts[i];
         let tbf = tbf_args(rate);
         let tbf: Vec<&str> = tbf.iter().map(String::as_str).collect();
