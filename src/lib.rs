@@ -69,7 +69,7 @@ pub mod ring;
 mod sync;
 mod transport;
 
-pub use backend::{Backend, RingGroup, connect_jaccl, connect_ring, is_available};
+pub use backend::{Backend, RingGroup, connect_jaccl, connect_ring, is_available, wire};
 pub use collective::reduce;
 pub use config::hostfile;
 pub use config::options::{
