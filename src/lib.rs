@@ -97,6 +97,12 @@ pub mod internals {
 
 use nuvec_core::distributed::Group;
 
+/// The guide (`docs/guide.md`): its Rust code blocks are compiled and run as doctests, so
+/// what it shows is the API as it is (blocks that are not Rust carry their language's fence).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+pub struct Guide;
+
 /// Initialises the first backend whose launch environment is set and makes its group the
 /// default: [`init_backend`]`(strict, Backend::Any)`, as `mx.distributed.init(strict)`.
 pub fn init(strict: bool) -> nuvec_core::Result<Group> {
