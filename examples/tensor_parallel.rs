@@ -8,7 +8,12 @@
 //! are seeded (no download), so every rank builds the same full model and keeps its slice; rank 0
 //! also runs the whole model in one process and checks that the greedy tokens are the same.
 //! Rank 0 prints the per-token latency (p50, p99), tokens/s, the share of each token spent
-//! waiting in collectives and the wire the job took (`NUVEC_DISTRIBUTED_WIRE`).
+//! inside the collectives and the wire the job agreed on (`wire: nuvec` or `wire: mlx`, from
+//! `nuvec_distributed::wire()`; `NUVEC_DISTRIBUTED_WIRE` only asks).
+//!
+//! The share is measured: each `ShardedToAllLinear` is applied in two evaluated stages (this
+//! rank's partial product, then the `all_sum` and the bias, the same operations as its
+//! `forward`, so the same bits), and the clock runs around the `all_sum`'s evaluation alone.
 //!
 //! Flags: `-n RANKS`, `--tokens N` (default 16), `--layers L` (2), `--dims D` (128),
 //! `--heads H` (8; a multiple of the ranks).
@@ -18,7 +23,8 @@ use std::time::{Duration, Instant};
 use nuvec_core::distributed::{self, Group};
 use nuvec_core::fast::{self, AttentionOptions};
 use nuvec_core::{Array, random};
-use nuvec_nn::sharded::{AllToShardedLinear, ShardedToAllLinear};
+use nuvec_distributed::Wire;
+use nuvec_nn::sharded::{AllToShardedLinear, Shard, ShardedToAllLinear};
 use nuvec_nn::{Embedding, Linear};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -75,7 +81,7 @@ fn main() -> Result<()> {
     }
     if std::env::var_os("MLX_RANK").is_some() {
         let group = nuvec_distributed::init(true)?;
-        return run(&group, config);
+        return run(&group, config, nuvec_distributed::wire());
     }
     nuvec_local::Job::this_program("tensor-parallel", config.ranks.max(1))?
         .ring(1)?
@@ -90,11 +96,11 @@ static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// `&Group` (the default group is process-wide, so code that takes `None` would run as one rank).
 /// Times are wall-clock time of threads sharing this machine, not a network's.
 fn simulate(config: Config) -> Result<()> {
-    let report = nuvec_fabric_sim::Sim::ring(config.ranks.max(1), 1)
-        .seed(1)
-        .run_ring(Duration::from_secs(120), |group| {
-            run(&group, config).map_err(|e| e.to_string())
-        });
+    let sim = nuvec_fabric_sim::Sim::ring(config.ranks.max(1), 1).seed(1);
+    let wire = sim.ring_wire();
+    let report = sim.run_ring(Duration::from_secs(120), |group| {
+        run(&group, config, Some(wire)).map_err(|e| e.to_string())
+    });
     for (rank, outcome) in report.outcomes.iter().enumerate() {
         match outcome {
             nuvec_fabric_sim::Outcome::Returned(Ok(())) => {}
@@ -177,8 +183,9 @@ impl Decoder {
         })
     }
 
-    /// The logits of the token after `tokens` (the whole sequence is recomputed: no cache).
-    fn next_logits(&self, tokens: &[i32]) -> Array {
+    /// The logits of the token after `tokens` (the whole sequence is recomputed: no cache),
+    /// adding the time spent inside the `all_sum`s to `in_collectives`.
+    fn next_logits(&self, tokens: &[i32], in_collectives: &mut Duration) -> Result<Array> {
         let len = tokens.len() as i32;
         let ids = Array::from_slice(tokens, [1, len]);
         let mut h = self.embedding.forward(&ids);
@@ -198,56 +205,91 @@ impl Decoder {
                 fast::scaled_dot_product_attention(&q, &k, &v, scale, &AttentionOptions::causal())
                     .transpose([0, 2, 1, 3])
                     .reshape([1, len, b.heads * b.head_dim]);
-            h = h.add(b.o.forward(&a));
+            h = h.add(sharded_to_all(&b.o, &a, in_collectives)?);
             let x = fast::rms_norm(&h, None, 1e-5);
             let up = b.up.forward(&x);
-            h = h.add(b.down.forward(&up.multiply(up.sigmoid())));
+            h = h.add(sharded_to_all(
+                &b.down,
+                &up.multiply(up.sigmoid()),
+                in_collectives,
+            )?);
         }
         let last = fast::rms_norm(&h, None, 1e-5).reshape([len, -1]);
-        self.head.forward(&last.i(len - 1..len))
+        Ok(self.head.forward(&last.i(len - 1..len)))
     }
 
-    /// Greedy decoding of `n` tokens after the prompt, with each token's wall time.
-    fn generate(&self, n: usize) -> Result<(Vec<i32>, Vec<Duration>)> {
+    /// Greedy decoding of `n` tokens after the prompt, with each token's wall time and the
+    /// time it spent inside the collectives.
+    fn generate(&self, n: usize) -> Result<(Vec<i32>, Vec<Duration>, Duration)> {
         let mut tokens = PROMPT.to_vec();
         let mut times = Vec::with_capacity(n);
+        let mut in_collectives = Duration::ZERO;
         for _ in 0..n {
             let start = Instant::now();
-            let next = self.next_logits(&tokens).argmax(-1).item::<u32>()?;
+            let next = self
+                .next_logits(&tokens, &mut in_collectives)?
+                .argmax(-1)
+                .item::<u32>()?;
             times.push(start.elapsed());
             tokens.push(i32::try_from(next)?);
         }
-        Ok((tokens[PROMPT.len()..].to_vec(), times))
+        Ok((tokens[PROMPT.len()..].to_vec(), times, in_collectives))
     }
 }
 
-/// One rank: decode over `group`, then (rank 0) decode in one process and compare.
-fn run(group: &Group, config: Config) -> Result<()> {
+/// `layer.forward(x)` in two evaluated stages, timing the second: this rank's partial
+/// product (`x` times its columns of the weight), then its `all_sum` over the layer's group,
+/// then the bias, the operations of nuvec-nn's `ShardedToAllLinear::forward` in its order
+/// (so the same bits). The clock runs around the `all_sum`'s evaluation only: its inputs are
+/// ready, so it measures the collective, not the computation it waits for.
+fn sharded_to_all(
+    layer: &ShardedToAllLinear,
+    x: &Array,
+    in_collectives: &mut Duration,
+) -> Result<Array> {
+    let partial = match &layer.shard {
+        Shard::Linear(l) => l.forward(x),
+        Shard::Quantized(q) => q.forward(x),
+    };
+    nuvec_core::eval(&partial)?;
+    let start = Instant::now();
+    let y = distributed::all_sum(&partial, Some(&layer.group));
+    nuvec_core::eval(&y)?;
+    *in_collectives += start.elapsed();
+    Ok(match &layer.bias {
+        Some(b) => y.add(b),
+        None => y,
+    })
+}
+
+/// One rank: decode over `group`, then (rank 0) decode in one process and compare; `wire` is
+/// what the job speaks, for the report.
+fn run(group: &Group, config: Config, wire: Option<Wire>) -> Result<()> {
     let model = Decoder::new(config, group)?;
     // One warm-up token: the first evaluation pays for allocations on every rank.
     model.generate(1)?;
     if config.tokens == 0 {
         return Err("--tokens must be at least 1".into());
     }
-    let (tokens, times) = model.generate(config.tokens)?;
+    let (tokens, times, in_collectives) = model.generate(config.tokens)?;
     // Every rank must have decoded the same tokens (they take the same all_sum bits).
     let mine = Array::from_slice(&tokens, [tokens.len()]);
     let all = distributed::all_gather(&mine, Some(group)).to_vec::<i32>()?;
     if let Some(q) = all.chunks(tokens.len()).position(|t| t != tokens) {
         return Err(format!("rank {q} decoded other tokens than rank {}", group.rank()).into());
     }
-    // The time one token spends in its 2 × layers all_sums, from an all_sum of an activation's
-    // size timed alone (the decoder's own collectives are evaluated lazily inside the graph).
-    let per_token = collective_time(group, config)?;
     // The split model's last logits, on every rank (its all_sums need all of them).
     let mut sequence = PROMPT.to_vec();
     sequence.extend(&tokens);
-    let split = model.next_logits(&sequence).to_vec::<f32>()?;
+    let mut untimed = Duration::ZERO;
+    let split = model
+        .next_logits(&sequence, &mut untimed)?
+        .to_vec::<f32>()?;
     if group.rank() != 0 {
         return Ok(());
     }
     let single = Decoder::new(config, &Group::single())?;
-    let (expected, single_times) = single.generate(config.tokens)?;
+    let (expected, single_times, _) = single.generate(config.tokens)?;
     if expected != tokens {
         return Err(format!(
             "{} ranks decoded {tokens:?}, one process {expected:?}",
@@ -255,7 +297,11 @@ fn run(group: &Group, config: Config) -> Result<()> {
         )
         .into());
     }
-    let wire = std::env::var("NUVEC_DISTRIBUTED_WIRE").unwrap_or_else(|_| "default".into());
+    let wire = match wire {
+        Some(Wire::Nuvec) => "nuvec",
+        Some(Wire::Mlx) => "mlx",
+        None => "none",
+    };
     let (p50, p99, rate) = figures(&times);
     let (s50, _, srate) = figures(&single_times);
     println!(
@@ -268,7 +314,9 @@ fn run(group: &Group, config: Config) -> Result<()> {
     );
     // Greedy tokens of an untrained model settle quickly on one token; the logits check the
     // arithmetic, not only the argmax.
-    let whole = single.next_logits(&sequence).to_vec::<f32>()?;
+    let whole = single
+        .next_logits(&sequence, &mut untimed)?
+        .to_vec::<f32>()?;
     let gap = split
         .iter()
         .zip(&whole)
@@ -278,11 +326,15 @@ fn run(group: &Group, config: Config) -> Result<()> {
         return Err(format!("the split logits differ from one process's by {gap}").into());
     }
     println!("tokens: {tokens:?}; logits within {gap:.1e} of one process's");
+    let total: Duration = times.iter().sum();
     println!(
-        "per token: p50 {:.2} ms, p99 {:.2} ms; {rate:.1} tokens/s; collectives ~{:.0}% of a token",
+        "per token: p50 {:.2} ms, p99 {:.2} ms; {rate:.1} tokens/s; collectives {:.0}% of a \
+         token (measured: {:.2} ms per token inside {} all_sums)",
         ms(p50),
         ms(p99),
-        100.0 * per_token.as_secs_f64() / p50.as_secs_f64().max(1e-9)
+        100.0 * in_collectives.as_secs_f64() / total.as_secs_f64().max(1e-9),
+        ms(in_collectives) / times.len() as f64,
+        2 * config.layers
     );
     println!("one process: p50 {:.2} ms; {srate:.1} tokens/s", ms(s50));
     println!(
@@ -290,29 +342,6 @@ fn run(group: &Group, config: Config) -> Result<()> {
         group.size()
     );
     Ok(())
-}
-
-/// The median time of the all_sums one token does (2 per block, on `[1, len, dims]`).
-fn collective_time(group: &Group, config: Config) -> Result<Duration> {
-    let len = (PROMPT.len() + config.tokens) as i32;
-    let x = random::normal(
-        [1, len, config.dims],
-        nuvec_core::DType::F32,
-        0.0,
-        1.0,
-        None,
-    );
-    nuvec_core::eval(&x)?;
-    let mut times = Vec::new();
-    for _ in 0..9 {
-        let start = Instant::now();
-        for _ in 0..2 * config.layers {
-            nuvec_core::eval(&distributed::all_sum(&x, Some(group)))?;
-        }
-        times.push(start.elapsed());
-    }
-    times.sort();
-    Ok(times[times.len() / 2])
 }
 
 /// p50, p99 and tokens/s of a run.

@@ -131,8 +131,27 @@ impl RingGroup {
     }
 }
 
-/// Groups initialised so far, by backend, in order (MLX's `get_backends`).
-static GROUPS: Mutex<Vec<(Backend, Group)>> = Mutex::new(Vec::new());
+/// Groups initialised so far, by backend, in order (MLX's `get_backends`), each with the wire
+/// its job agreed on.
+static GROUPS: Mutex<Vec<(Backend, Group, Wire)>> = Mutex::new(Vec::new());
+
+/// The wire the job of the group [`init`](crate::init) returned speaks: `Some(Wire::Nuvec)`
+/// or `Some(Wire::Mlx)` for a ring, as its ranks agreed during setup (what
+/// `NUVEC_DISTRIBUTED_WIRE` asked for is only a request: `auto` may end as either), always
+/// `Some(Wire::Mlx)` for JACCL (which has no other); `None` before `init` has connected a job
+/// of two or more ranks.
+///
+/// A `nuvec_core` group cannot be asked (its communicator is not reachable through it), so
+/// the answer is kept when `init` connects. Sub-groups made by `Group::split` speak their
+/// parent's wire. A group made by [`connect_ring`] says its own:
+/// `ring.communicator().map(|c| c.wire())`.
+pub fn wire() -> Option<Wire> {
+    GROUPS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .first()
+        .map(|(_, _, wire)| *wire)
+}
 
 /// Whether `backend` can be used in this build on this machine: the ring always; JACCL when
 /// built in (feature `jaccl`), the verbs library loads with every function it needs, and it
@@ -386,8 +405,11 @@ fn agree_on_wire(
 fn cached(backend: Backend) -> Option<Group> {
     let groups = GROUPS.lock().unwrap_or_else(PoisonError::into_inner);
     match backend {
-        Backend::Any => groups.first().map(|(_, g)| g.clone()),
-        b => groups.iter().find(|(k, _)| *k == b).map(|(_, g)| g.clone()),
+        Backend::Any => groups.first().map(|(_, g, _)| g.clone()),
+        b => groups
+            .iter()
+            .find(|(k, _, _)| *k == b)
+            .map(|(_, g, _)| g.clone()),
     }
 }
 
@@ -451,10 +473,11 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
                 if ring.verbose {
                     options = options.verbose(true);
                 }
-                let group = connect_ring(&nodes, ring.rank, &options)?.group();
+                let connected = connect_ring(&nodes, ring.rank, &options)?;
+                let group = connected.group();
                 // A one-rank hostfile connects nothing: there is no group worth keeping.
-                if group.size() > 1 {
-                    remember(Backend::Ring, &group);
+                if let Some(comm) = connected.communicator() {
+                    remember(Backend::Ring, &group, comm.wire());
                 }
                 return Ok(group);
             }
@@ -468,7 +491,8 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
                 let (fabric, rule) = jaccl::env::transport(env)?;
                 let group = connect_jaccl(&config, fabric, rule, &options)?;
                 if group.size() > 1 {
-                    remember(Backend::Jaccl, &group);
+                    // JACCL speaks MLX's wire only.
+                    remember(Backend::Jaccl, &group, Wire::Mlx);
                 }
                 return Ok(group);
             }
@@ -487,12 +511,13 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
     Ok(Group::single())
 }
 
-/// Caches `group` under `backend` and makes it the default group.
-fn remember(backend: Backend, group: &Group) {
+/// Caches `group` under `backend`, with the wire its job speaks, and makes it the default
+/// group.
+fn remember(backend: Backend, group: &Group, wire: Wire) {
     GROUPS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .push((backend, group.clone()));
+        .push((backend, group.clone(), wire));
     distributed::set_default_group(group.clone());
 }
 

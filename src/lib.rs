@@ -69,7 +69,7 @@ pub mod ring;
 mod sync;
 mod transport;
 
-pub use backend::{Backend, RingGroup, connect_jaccl, connect_ring, is_available};
+pub use backend::{Backend, RingGroup, connect_jaccl, connect_ring, is_available, wire};
 pub use collective::reduce;
 pub use config::hostfile;
 pub use config::options::{
@@ -96,6 +96,12 @@ pub mod internals {
 }
 
 use nuvec_core::distributed::Group;
+
+/// The guide (`docs/guide.md`): its Rust code blocks are compiled and run as doctests, so
+/// what it shows is the API as it is (blocks that are not Rust carry their language's fence).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+pub struct Guide;
 
 /// Initialises the first backend whose launch environment is set and makes its group the
 /// default: [`init_backend`]`(strict, Backend::Any)`, as `mx.distributed.init(strict)`.
