@@ -11,6 +11,7 @@
 #   RATE=4gbit RANKS=2 REPS=3 SIZES=1M,16M sudo bash benches/cluster.sh
 #   RATE=none CROSSOVER=65536 SIZES=4K,8K,16K,32K,64K sudo -E bash benches/cluster.sh
 #   IMPLS="arrays arraysmlx" RANKS=4 SIZES=4K sudo bash benches/cluster.sh   # two columns only
+#   LAUNCHER=mlx sudo bash benches/cluster.sh    # every job started by mlx.launch --hosts
 #
 # RATE=none leaves the NICs unshaped (the CPU is the limit). CROSSOVER=BYTES builds this
 # checkout with the nuvec wire's relay taking all-reduces and all-gathers up to BYTES per rank
@@ -36,6 +37,7 @@ SIZES="${SIZES:-4K,64K,1M,16M,64M}"
 RANKS="${RANKS:-2 4}"
 REPS="${REPS:-2}"
 RATE="${RATE:-1gbit}"
+LAUNCHER="${LAUNCHER:-nuvec}"
 PYTHON="$ROOT/.venv/bin/python"
 OUT="$ROOT/target/cluster-bench"
 mkdir -p "$OUT"
@@ -64,6 +66,10 @@ cargo build --release --ignore-rust-version -p nuvec-launch >&2
 LAUNCH="$ROOT/target/release/nuvec-launch"
 HAVE_MLX=1
 [ -x "$PYTHON" ] || { echo "no MLX venv (.ci/setup-venv): the mlx column is skipped" >&2; HAVE_MLX=0; }
+if [ "$LAUNCHER" = mlx ] && [ "$HAVE_MLX" = 0 ]; then
+  echo "LAUNCHER=mlx needs the MLX venv (.ci/setup-venv)" >&2
+  exit 2
+fi
 
 # The cluster: held by the harness while the hold file exists (removed on exit, however the
 # script ends; the harness then removes namespaces, bridge and sshds).
@@ -107,19 +113,25 @@ wait "$SERVER" 2>/dev/null || true
 [ -n "$LINK" ] || { echo "iperf3 failed" >&2; exit 1; }
 echo "   link: $(python3 -c "print(f'{$LINK / 1e9:.3f}')") Gbit/s" >&2
 
-# launch NAME N REP CMD...: a job of N hosts under nuvec-launch --hosts, started on host 0
-# (with nuvec-launch's --wire WIRE when set).
+# launch NAME N REP CMD...: a job of N hosts under nuvec-launch --hosts (or mlx.launch --hosts
+# with LAUNCHER=mlx), started on host 0 (on the wire WIRE when set).
 launch() {
   local name="$1" n="$2" rep="$3"
   shift 3
-  local wire=()
-  [ -n "${WIRE:-}" ] && wire=(--wire "$WIRE")
   local hosts="" i
   for (( i = 0; i < n; i++ )); do hosts+="${hosts:+,}$(addr "$i")"; done
   local log="$OUT/$name-$n-$rep.log"
-  echo "== $name, $n hosts (run $rep)" >&2
-  if ! timeout 900 "$ON" 0 "$LAUNCH" --hosts "$hosts" --backend ring -p 5000 "${wire[@]}" -- "$@" \
-      >"$log" 2>&1 </dev/null; then
+  local cmd
+  if [ "$LAUNCHER" = mlx ]; then
+    # mlx.launch has no --wire: the variable asks the ranks for it.
+    cmd=("$ROOT/.venv/bin/mlx.launch" --hosts "$hosts" --backend ring)
+    [ -n "${WIRE:-}" ] && cmd+=(--env "NUVEC_DISTRIBUTED_WIRE=$WIRE")
+  else
+    cmd=("$LAUNCH" --hosts "$hosts" --backend ring -p 5000)
+    [ -n "${WIRE:-}" ] && cmd+=(--wire "$WIRE")
+  fi
+  echo "== $name, $n hosts (run $rep, $LAUNCHER launcher)" >&2
+  if ! timeout 900 "$ON" 0 "${cmd[@]}" -- "$@" >"$log" 2>&1 </dev/null; then
     echo "   failed (see $log)" >&2
   fi
   grep -E "ROW|^\[rank 0\] +[0-9]" "$log" >&2 || true
@@ -141,10 +153,11 @@ for n in $RANKS; do
   done
 done
 
-python3 - "$OUT" "$RANKS" "$SIZES" "$LINK" "$RATE" <<'PY'
+python3 - "$OUT" "$RANKS" "$SIZES" "$LINK" "$RATE" "$LAUNCHER" <<'PY'
 import glob, math, os, re, sys
 
 out, ranks, sizes, link, rate = sys.argv[1], sys.argv[2].split(), sys.argv[3], float(sys.argv[4]), sys.argv[5]
+launcher = {"mlx": "mlx.launch", "nuvec": "nuvec-launch"}.get(sys.argv[6], sys.argv[6])
 
 def parse_bytes(s):
     shift = {"K": 10, "M": 20, "G": 30}.get(s[-1:].upper(), 0)
@@ -215,7 +228,7 @@ def label(b):
     return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
 lines = [
-    f"Link: one TCP stream between two hosts (iperf3) {link / 1e9:.3f} Gbit/s (NICs shaped to {rate}).",
+    f"Link: one TCP stream between two hosts (iperf3) {link / 1e9:.3f} Gbit/s (NICs shaped to {rate}); jobs started by {launcher}.",
     "busbw of float32 all_sum in Gbit/s and as % of that link (best p50 of the runs), then the",
     "CPU µs per operation and rank of that run:",
     "",
