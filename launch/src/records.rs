@@ -23,7 +23,10 @@
 //! - a rank behind the others ("rank 2 is at all_sum #5, the others at #6: rank 2 has not
 //!   joined all_sum #6");
 //! - a rank that is gone: no file, or (known to the launcher only) its process has exited;
-//! - the first failure by time: the earliest `end_us` of a failed operation, with its error.
+//! - the first failure by time: the earliest `end_us` of a failed operation, with its error;
+//!   but when that error is a consequence naming a rank that recorded no error of its own (a
+//!   rank that panicked or was killed writes no record), that rank, with how it ended when
+//!   the launcher saw it.
 //!
 //! Times: a running operation's wait is counted up to its record's `at_us` (when the rank
 //! wrote it), not to the moment the diagnosis is read, so that a record read hours later
