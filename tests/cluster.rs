@@ -2,7 +2,8 @@
 //! see `tests/cluster/mod.rs`): ring jobs of 2–4 hosts launched over ssh by nuvec-launch and
 //! mlx.launch, a mixed Python MLX and Rust job, JACCL mesh and ring over TCP and (feature
 //! `jaccl`) over the RDMA fabric on the software provider's TCP wire, a hostfile of host names,
-//! and the faults of a network: a pulled cable (ring, and JACCL over RDMA), a glitch shorter
+//! and the faults of a network: a pulled cable (ring, also under nuvec-launch, whose merged
+//! flight records name the cut host's rank; and JACCL over RDMA), a glitch shorter
 //! than the timeout, a slow host and a stranger during setup.
 //!
 //! Runs as root (CI); elsewhere every test prints why it skips, but under `CI=true` a cluster
@@ -79,6 +80,7 @@ fn a_cluster_rank_runs_its_role() {
     }
     match std::env::var(ROLE).as_deref() {
         Ok("launched") => launched_rank(),
+        Ok("launched-loop") => launched_loop_rank(),
         Ok("loop") => loop_rank(),
         Ok("stranger") => stranger(),
         _ => {}
@@ -93,6 +95,20 @@ fn launched_rank() {
         large_collectives(group.rank(), group.size());
     }
     println!("RESULT {result}");
+}
+
+/// A launched rank that runs all_sums of 4 MiB until one fails, printing `ITER` after each;
+/// on a failure it prints the error and exits 1 (at most 10 000 all_sums).
+fn launched_loop_rank() {
+    let group = nuvec_distributed::init(true).expect("the group");
+    let x = ops::full([1usize << 20], 1.0f32);
+    for i in 0..10_000 {
+        if let Err(e) = distributed::all_sum(&x, Some(&group)).eval() {
+            eprintln!("rank {}: {e}", group.rank());
+            std::process::exit(1);
+        }
+        println!("ITER {i}");
+    }
 }
 
 /// An all_sum and an all_max of 4 MiB of float32 (past every frame and algorithm threshold),
@@ -777,6 +793,67 @@ fn a_cable_pulled_during_a_collective_fails_every_rank_by_its_deadline_naming_a_
             ended.saturating_sub(pulled)
         );
     }
+}
+
+/// A cable pulled under nuvec-launch: host 2's rank is cut off, leaves no record the launcher
+/// can fetch, and the others time out waiting for it; the merged records under the failure
+/// summary name rank 2.
+#[test]
+fn a_cable_pulled_under_nuvec_launch_is_named_by_the_merged_records() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    let dir = procs::scratch("pulled-launch");
+    let log = dir.join("launcher.log");
+    let mut args = strings(&[
+        "--hosts",
+        &c.host_list(&[0, 1, 2]),
+        "--backend",
+        "ring",
+        "--env",
+        &format!("{ROLE}=launched-loop"),
+        "--env",
+        &format!("{}={RANK_TEST}", procs::CHILD),
+        "--env",
+        "NUVEC_DISTRIBUTED_TIMEOUT=3",
+        "--",
+    ]);
+    args.extend(launched_argv());
+    let file = std::fs::File::create(&log).expect("a log");
+    let err = file.try_clone().expect("a log");
+    let child = launcher(&c, launcher::nuvec_launch(), &args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .expect("spawn the launcher");
+    let logs = [log.clone()];
+    for r in 0..3 {
+        wait_for_line(
+            &logs,
+            &format!("[rank {r}] ITER 1"),
+            Duration::from_secs(30),
+        );
+    }
+    c.pull(2);
+    let done = wait_all(vec![(child, log)], Duration::from_secs(60));
+    c.plug(2);
+    let (code, out, _) = &done[0];
+    assert_ne!(*code, Some(0), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("- the first failure: rank 2, which ")),
+        "{out}"
+    );
+    let ours: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.starts_with("[rank") || l.contains("error"))
+        .collect();
+    eprintln!(
+        "MEASURED pulled cable under nuvec-launch:\n{}",
+        ours.join("\n")
+    );
 }
 
 /// Checks that every rank of `done` failed within `within` of the pull at `pulled`, naming a

@@ -156,18 +156,23 @@ pub(crate) fn signal_name(sig: i32) -> String {
         .map_or_else(|| format!("signal {sig}"), |(_, name)| (*name).to_owned())
 }
 
-/// Whether a rank's last lines say it failed because of a peer (a closed connection, an
-/// unreachable or failed rank): the words of nuvec-distributed's and MLX's errors for a peer
-/// that left. Such a rank is a consequence, not a cause, when the cause ended at about the
-/// same time.
+/// Whether a rank's last lines (or a recorded error) say it failed because of a peer (a
+/// closed connection, a silent link, a wait for a peer past its deadline, an unreachable or
+/// failed rank, a group that had failed earlier): the words of nuvec-distributed's and MLX's
+/// errors for a peer that left or stopped. Such a rank is a consequence, not a cause, when
+/// the cause ended at about the same time.
 pub(crate) fn blames_a_peer(tail: &[String]) -> bool {
-    const WORDS: [&str; 6] = [
+    const WORDS: [&str; 10] = [
         "closed by the peer",
         "closed by rank",
         "connection was closed",
         "unreachable",
         "failed or exited",
         "Connection reset by peer",
+        "link went silent",
+        "the group failed earlier",
+        "timed out after",
+        "no progress for",
     ];
     tail.iter().any(|l| WORDS.iter().any(|w| l.contains(w)))
 }

@@ -210,7 +210,7 @@ fn diagnose(argv: &[std::ffi::OsString]) -> i32 {
         }
     };
     let empty = found.is_empty();
-    let diagnosis = records::diagnose(&found, None, &[], problems);
+    let diagnosis = records::diagnose(&found, None, &[], &[], problems);
     let text = if args.json {
         match serde_json::to_string_pretty(&diagnosis) {
             Ok(text) => text + "\n",
@@ -693,7 +693,15 @@ impl Job {
         if found.is_empty() {
             return;
         }
-        let diagnosis = records::diagnose(&found, Some(self.ranks.len()), &[], problems);
+        // The ranks that failed on their own: one that left no record (a panic, a signal)
+        // is named as the cause when the others' errors blame it.
+        let ended: Vec<(usize, String)> = self
+            .ranks
+            .iter()
+            .filter(|r| !r.stopped)
+            .filter_map(|r| Some((r.plan.rank, r.code.filter(|e| e.failed())?.describe())))
+            .collect();
+        let diagnosis = records::diagnose(&found, Some(self.ranks.len()), &[], &ended, problems);
         log("31", "[ERROR]", "the ranks' flight records:");
         let _ = std::io::stderr()
             .lock()
@@ -751,7 +759,7 @@ impl Job {
             .filter(|r| !r.running())
             .map(|r| r.plan.rank)
             .collect();
-        let diagnosis = records::diagnose(&found, Some(self.ranks.len()), &gone, problems);
+        let diagnosis = records::diagnose(&found, Some(self.ranks.len()), &gone, &[], problems);
         warn(&format!(
             "{why}: where every rank is (request {id}; {} of {} answered):",
             records::answered(&found, id).len(),

@@ -8,7 +8,8 @@
 //!   "request":ID|null,"at_us":T,"capacity":C,"dropped":D}`;
 //! - then one line per operation, oldest first: `{"group","group_rank","group_size","seq",
 //!   "op","dtype","bytes","peers","start_us","end_us","state","waiting_on","moved","error"}`,
-//!   `state` one of `running`, `done`, `failed`, `end_us` null while running.
+//!   `state` one of `running`, `done`, `failed`, `end_us` null while running, `dtype` null
+//!   for an operation without one (all_gather, send, recv, split).
 //!
 //! and `rank-R.progress`, `{"rank":R,"completed":C,"last_end_us":T}`, which the hang report
 //! watches. Unknown fields are ignored (a newer rank may add some); a missing one is an error
@@ -22,7 +23,10 @@
 //! - a rank behind the others ("rank 2 is at all_sum #5, the others at #6: rank 2 has not
 //!   joined all_sum #6");
 //! - a rank that is gone: no file, or (known to the launcher only) its process has exited;
-//! - the first failure by time: the earliest `end_us` of a failed operation, with its error.
+//! - the first failure by time: the earliest `end_us` of a failed operation, with its error;
+//!   but when that error is a consequence naming a rank that recorded no error of its own (a
+//!   rank that panicked or was killed writes no record), that rank, with how it ended when
+//!   the launcher saw it.
 //!
 //! Times: a running operation's wait is counted up to its record's `at_us` (when the rank
 //! wrote it), not to the moment the diagnosis is read, so that a record read hours later
@@ -37,7 +41,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::failure::ranks_text;
+use crate::failure::{self, ranks_text};
 
 /// A record's header line.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -77,8 +81,9 @@ pub(crate) struct Op {
     pub(crate) seq: u64,
     /// `all_sum`, `all_max`, `all_min`, `all_gather`, `send`, `recv`, `split`.
     pub(crate) op: String,
-    /// MLX's name of the element type.
-    pub(crate) dtype: String,
+    /// MLX's name of the element type; `None` (null) for an operation without one
+    /// (all_gather, send, recv, split).
+    pub(crate) dtype: Option<String>,
     /// Bytes per rank.
     pub(crate) bytes: u64,
     /// The group ranks it exchanges with.
@@ -250,11 +255,13 @@ fn duration(us: u64) -> String {
 
 /// Merges `records` (any order) into the table and the diagnosis. `size` is the job's size
 /// when the caller knows it (the launcher), `gone` the ranks whose process is known to have
-/// exited, `problems` the files that could not be read.
+/// exited, `ended` how the ranks known to have failed on their own ended (`exit code 101`,
+/// for the first failure's finding), `problems` the files that could not be read.
 pub(crate) fn diagnose(
     records: &[Record],
     size: Option<usize>,
     gone: &[usize],
+    ended: &[(usize, String)],
     problems: Vec<String>,
 ) -> Diagnosis {
     let mut by_rank: BTreeMap<usize, &Record> = BTreeMap::new();
@@ -299,7 +306,7 @@ pub(crate) fn diagnose(
              answer, or does not record"
         ));
     }
-    if let Some(f) = first_failure(records) {
+    if let Some(f) = first_failure(records, ended) {
         findings.push(f);
     }
     Diagnosis {
@@ -312,7 +319,7 @@ pub(crate) fn diagnose(
 }
 
 /// The ranks of one operation by element type and size.
-type Shapes = BTreeMap<(String, u64), Vec<usize>>;
+type Shapes = BTreeMap<(Option<String>, u64), Vec<usize>>;
 
 /// Ranks in different operations (or types, or sizes) at the same sequence number of a
 /// group.
@@ -372,8 +379,9 @@ fn mismatches(rows: &[Row], findings: &mut Vec<String>) {
         if shapes.len() > 1 {
             let text: Vec<String> = shapes
                 .iter()
-                .map(|((dtype, bytes), ranks)| {
-                    format!("{} with {dtype}, {bytes} bytes", ranks_text(ranks))
+                .map(|((dtype, bytes), ranks)| match dtype {
+                    Some(dtype) => format!("{} with {dtype}, {bytes} bytes", ranks_text(ranks)),
+                    None => format!("{} with {bytes} bytes", ranks_text(ranks)),
                 })
                 .collect();
             findings.push(format!(
@@ -423,20 +431,76 @@ fn behind(rows: &[Row], findings: &mut Vec<String>) {
     }
 }
 
-/// The first failed operation by time: the earliest `end_us` of a failed one.
-fn first_failure(records: &[Record]) -> Option<String> {
-    let (rank, op) = records
+/// The first failure: the earliest failed operation by `end_us`, unless the errors are
+/// consequences ([`failure::blames_a_peer`]: a closed connection, a silent link, the group
+/// failed earlier) naming a rank (`rank P link L`) that recorded no error of its own. Such a
+/// rank is the cause: a rank that panicked or was killed writes no record (a panic unwinds
+/// past a group that lives in the program's registry, a signal leaves no chance), so its
+/// neighbours' errors are the only failures on file and the earliest of them names a victim.
+/// `ended` says how ranks the launcher saw fail on their own ended ("exit code 101").
+fn first_failure(records: &[Record], ended: &[(usize, String)]) -> Option<String> {
+    let mut failed: Vec<(u64, usize, &Op)> = records
         .iter()
         .flat_map(|r| r.ops.iter().map(move |o| (r.header.rank, o)))
         .filter(|(_, o)| o.state == "failed")
         .filter_map(|(r, o)| Some((o.end_us?, r, o)))
-        .min_by_key(|(end, r, _)| (*end, *r))
-        .map(|(_, r, o)| (r, o))?;
+        .collect();
+    failed.sort_by_key(|(end, r, _)| (*end, *r));
+    let erred: BTreeSet<usize> = failed.iter().map(|(_, r, _)| *r).collect();
+    let cause = failed.iter().find_map(|&(_, rank, op)| {
+        let error = op.error.as_deref()?;
+        let peer = blamed_peer(error)?;
+        (peer != rank && !erred.contains(&peer) && failure::blames_a_peer(&[error.to_owned()]))
+            .then_some(peer)
+    });
+    if let Some(peer) = cause {
+        let blaming: Vec<(usize, &Op)> = failed
+            .iter()
+            .filter(|(_, _, o)| {
+                o.error.as_deref().is_some_and(|e| {
+                    blamed_peer(e) == Some(peer) && failure::blames_a_peer(&[e.to_owned()])
+                })
+            })
+            .map(|&(_, r, o)| (r, o))
+            .collect();
+        let mut ranks: Vec<usize> = blaming.iter().map(|(r, _)| *r).collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        let recorded = records.iter().any(|r| r.header.rank == peer);
+        let how = ended.iter().find(|(r, _)| *r == peer).map(|(_, how)| how);
+        let what = match (how, recorded) {
+            (Some(how), false) => format!("ended with {how} and left no record"),
+            (Some(how), true) => format!("ended with {how}, its record showing no error"),
+            (None, false) => "left no record".to_owned(),
+            (None, true) => "recorded no error".to_owned(),
+        };
+        let (first, op) = blaming.first()?;
+        return Some(format!(
+            "the first failure: rank {peer}, which {what}; {} failed in consequence, naming it \
+             (first rank {first}, {}: {})",
+            ranks_text(&ranks),
+            op_name(op),
+            op.error.as_deref().unwrap_or_default()
+        ));
+    }
+    let &(_, rank, op) = failed.first()?;
     Some(format!(
         "the first failure by time: rank {rank}, {}: {}",
         op_name(op),
         op.error.as_deref().unwrap_or("(no error text)")
     ))
+}
+
+/// The peer an error names as the other end of its failed transfer (`rank P link L`, as
+/// nuvec-distributed's errors name a transfer's channel), the first one when it names
+/// several.
+fn blamed_peer(error: &str) -> Option<usize> {
+    error.match_indices("rank ").find_map(|(at, _)| {
+        let rest = &error[at + "rank ".len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let after = &rest[digits.len()..];
+        (!digits.is_empty() && after.starts_with(" link ")).then(|| digits.parse().ok())?
+    })
 }
 
 /// The table and the findings, as printed.
@@ -589,6 +653,30 @@ mod tests {
     }
 
     #[test]
+    fn an_operation_without_an_element_type_is_read_and_compared() {
+        // all_gather, send, recv and split have no dtype: the recorder writes null.
+        let gather = op(1, "all_gather", "failed", Some(T + 2000), &[])
+            .replace("\"dtype\":\"float32\"", "\"dtype\":null");
+        let records = [
+            record(
+                0,
+                &[
+                    done(0, "all_sum"),
+                    op(1, "all_sum", "failed", Some(T + 2100), &[]),
+                ],
+            ),
+            record(1, &[done(0, "all_sum"), gather]),
+        ];
+        assert_eq!(records[1].ops[1].dtype, None);
+        let d = diagnose(&records, Some(2), &[], &[], Vec::new());
+        assert_eq!(
+            d.findings[0],
+            "different operations at the same step: rank 1 is in all_gather #1, rank 0 in \
+             all_sum #1"
+        );
+    }
+
+    #[test]
     fn ranks_in_different_operations_at_one_step_are_named() {
         let records: Vec<Record> = (0..4)
             .map(|r| {
@@ -602,7 +690,7 @@ mod tests {
                 )
             })
             .collect();
-        let d = diagnose(&records, None, &[], Vec::new());
+        let d = diagnose(&records, None, &[], &[], Vec::new());
         assert_eq!(
             d.findings,
             [
@@ -633,7 +721,7 @@ mod tests {
             })
             .into();
         records.push(record(2, &[done(4, "all_sum"), done(5, "all_sum")]));
-        let d = diagnose(&records, None, &[], Vec::new());
+        let d = diagnose(&records, None, &[], &[], Vec::new());
         assert_eq!(
             d.findings,
             ["rank 2 is at all_sum #5 (done), the others at #6: rank 2 has not joined all_sum #6"]
@@ -645,7 +733,7 @@ mod tests {
         let records: Vec<Record> = [0, 1, 2]
             .map(|r| record(r, &[op(0, "all_sum", "running", None, &[3])]))
             .into();
-        let d = diagnose(&records, None, &[], Vec::new());
+        let d = diagnose(&records, None, &[], &[], Vec::new());
         assert_eq!(d.missing, [3]);
         assert_eq!(d.findings.len(), 1);
         assert!(
@@ -653,7 +741,7 @@ mod tests {
             "{:?}",
             d.findings
         );
-        let d = diagnose(&records, None, &[3], Vec::new());
+        let d = diagnose(&records, None, &[3], &[], Vec::new());
         assert_eq!(d.findings, ["rank 3 is gone: its process has exited"]);
         assert!(render(&d).contains("(no record)"));
     }
@@ -666,7 +754,7 @@ mod tests {
             record(2, &[op(1, "all_sum", "failed", Some(T + 8_000), &[])]),
             record(3, &[done(1, "all_sum")]),
         ];
-        let d = diagnose(&records, Some(4), &[], Vec::new());
+        let d = diagnose(&records, Some(4), &[], &[], Vec::new());
         assert_eq!(
             d.findings,
             [
@@ -680,6 +768,100 @@ mod tests {
         assert_eq!(json["size"], 4);
     }
 
+    /// Rank `rank`'s all_sum #1, failed at `T + end` with `error`.
+    fn failed_with(rank: usize, end: u64, error: &str) -> Record {
+        let line = op(1, "all_sum", "failed", Some(T + end), &[]).replace(
+            "\"rank 1: the connection was closed by the peer\"",
+            &serde_json::to_string(error).expect("json"),
+        );
+        record(rank, &[done(0, "all_sum"), line])
+    }
+
+    /// Rank `rank`'s error for a connection to `peer` that closed.
+    fn closed_by(rank: usize, peer: usize) -> String {
+        format!(
+            "distributed: rank {rank}: all_sum #1 (4 bytes) failed after 1.067ms: receiving from \
+             rank {peer} link 0 (0 of 32 bytes): the connection was closed by the peer"
+        )
+    }
+
+    #[test]
+    fn a_rank_that_left_no_record_is_the_cause_when_the_earliest_errors_blame_it() {
+        // Rank 1 panicked (no record); ranks 0 and 2 lost their connections to it, rank 3
+        // its connection to rank 2, later.
+        let records = [
+            failed_with(0, 7_000, &closed_by(0, 1)),
+            failed_with(2, 7_500, &closed_by(2, 1)),
+            failed_with(3, 8_000, &closed_by(3, 2)),
+        ];
+        let ended = [
+            (1, "exit code 101".to_owned()),
+            (0, "exit code 3".to_owned()),
+        ];
+        let d = diagnose(&records, Some(4), &[], &ended, Vec::new());
+        assert_eq!(
+            d.findings.last().map(String::as_str),
+            Some(
+                format!(
+                    "the first failure: rank 1, which ended with exit code 101 and left no \
+                     record; ranks 0, 2 failed in consequence, naming it (first rank 0, all_sum \
+                     #1: {})",
+                    closed_by(0, 1)
+                )
+                .as_str()
+            ),
+            "{:?}",
+            d.findings
+        );
+        // From the files alone (`diagnose DIR`), and when its record shows no error.
+        let d = diagnose(&records, Some(4), &[], &[], Vec::new());
+        let last = d.findings.last().cloned().unwrap_or_default();
+        assert!(
+            last.starts_with("the first failure: rank 1, which left no record; ranks 0, 2"),
+            "{last}"
+        );
+        let mut quiet = records.to_vec();
+        quiet.push(record(1, &[done(0, "all_sum")]));
+        let d = diagnose(&quiet, Some(4), &[], &[], Vec::new());
+        let last = d.findings.last().cloned().unwrap_or_default();
+        assert!(
+            last.starts_with("the first failure: rank 1, which recorded no error; "),
+            "{last}"
+        );
+        // A rank that recorded an error of its own is not inferred: the earliest stands.
+        let mut own = records.to_vec();
+        own.push(failed_with(1, 9_000, "distributed: rank 1: out of memory"));
+        let d = diagnose(&own, Some(4), &[], &[], Vec::new());
+        let last = d.findings.last().cloned().unwrap_or_default();
+        assert!(
+            last.starts_with("the first failure by time: rank 0, all_sum #1: "),
+            "{last}"
+        );
+    }
+
+    #[test]
+    fn a_rank_cut_off_without_a_record_is_named_when_its_neighbours_timed_out_waiting_for_it() {
+        let timed_out = |rank: usize| {
+            format!(
+                "distributed: rank {rank}: all_sum #1 (4096 bytes) failed after 5.001s: \
+                 receiving from rank 2 link 0 (0 of 2048 bytes): timed out after 5s"
+            )
+        };
+        let records = [
+            failed_with(0, 5_001_000, &timed_out(0)),
+            failed_with(1, 5_002_000, &timed_out(1)),
+        ];
+        let d = diagnose(&records, Some(3), &[], &[], Vec::new());
+        let last = d.findings.last().cloned().unwrap_or_default();
+        assert!(
+            last.starts_with(
+                "the first failure: rank 2, which left no record; ranks 0, 1 failed in \
+                 consequence, naming it (first rank 0, all_sum #1: "
+            ),
+            "{last}"
+        );
+    }
+
     #[test]
     fn the_same_operation_with_different_sizes_is_a_disagreement() {
         let mut odd = op(0, "all_sum", "running", None, &[0]);
@@ -688,7 +870,7 @@ mod tests {
             record(0, &[op(0, "all_sum", "running", None, &[1])]),
             record(1, &[odd]),
         ];
-        let d = diagnose(&records, Some(2), &[], Vec::new());
+        let d = diagnose(&records, Some(2), &[], &[], Vec::new());
         // The headers say 4 ranks: 2 and 3 left no record.
         assert_eq!(
             d.findings[..1],

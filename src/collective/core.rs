@@ -155,7 +155,7 @@ impl<F: Fabric, S> State<F, S> {
         if result.is_ok()
             && let Some(record) = self.record.as_mut()
         {
-            record.end(None);
+            record.end(None, fabric.now());
         }
         if let Err(source) = result {
             let waited = fabric.now().saturating_sub(start);
@@ -186,7 +186,7 @@ impl<F: Fabric, S> State<F, S> {
             }
             self.failed = Some(error.clone());
             if let Some(record) = self.record.as_mut() {
-                record.end(Some(&error));
+                record.end(Some(&error), now);
                 record::dump_on_failure();
             }
             if self.close_on_failure {

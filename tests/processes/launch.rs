@@ -1,4 +1,4 @@
-//! nuvec-launch: a real 4-rank all_sum over the ring, the JACCL environment, a failing rank stopping the others and named first (panic, SIGKILL, an ssh host that does not resolve), the flight records (merged after a failure, on Ctrl-C, on `--hang-report`, by `diagnose`), the launcher's own death, and the environment compared with mlx.launch's.
+//! nuvec-launch: a real 4-rank all_sum over the ring, the JACCL environment, a failing rank stopping the others and named first (panic, SIGKILL, an ssh host that does not resolve), the flight records (merged after a failure and by `diagnose`, naming a rank that panicked, was SIGKILLed or called another collective; on Ctrl-C, on `--hang-report`, by `diagnose`), the launcher's own death, and the environment compared with mlx.launch's.
 //!
 //! The ranks are this test binary run again (`launched_rank`, with `NUVEC_LAUNCH_TEST_ROLE`
 //! saying what to do) or small `sh` scripts. Every job runs with its own `TMPDIR`, so that the
@@ -43,6 +43,7 @@ fn launched_rank() {
         Ok("jaccl") => println!("RESULT {}", launched_all_sum()),
         Ok("dump") => dump_rank(),
         Ok("fail-after-all-sum") => fail_after_all_sum(),
+        Ok("mismatch-after-all-sum") => mismatch_after_all_sum(),
         _ => {}
     }
 }
@@ -68,6 +69,28 @@ fn fail_after_all_sum() {
         }
     }
     match distributed::all_sum(&array![1.0f32], None).to_vec::<f32>() {
+        Ok(v) => println!("SECOND {v:?}"),
+        Err(e) => {
+            eprintln!("rank {rank}: {e}");
+            std::process::exit(3);
+        }
+    }
+}
+
+/// Runs one all_sum; then rank 1 calls all_gather where the others call all_sum (on the
+/// nuvec wire, which every rank of this crate agrees on): each rank prints its error and
+/// exits with code 3.
+fn mismatch_after_all_sum() {
+    use nuvec_core::{array, distributed};
+    println!("FIRST {}", launched_all_sum());
+    let rank = nuvec_distributed::init(true).expect("the group").rank();
+    let x = array![1.0f32];
+    let second = if rank == 1 {
+        distributed::all_gather(&x, None)
+    } else {
+        distributed::all_sum(&x, None)
+    };
+    match second.to_vec::<f32>() {
         Ok(v) => println!("SECOND {v:?}"),
         Err(e) => {
             eprintln!("rank {rank}: {e}");
@@ -843,19 +866,33 @@ echo ready; sleep 30 & wait"#;
     assert!(!Path::new(&pidfile).exists(), "{pidfile} was not removed");
 }
 
-/// `nuvec-launch -n 4` of [`fail_after_all_sum`] with rank 1 failing as `how` says.
-fn failing_job(name: &str, how: &str) -> Ran {
+/// A failed job and `nuvec-launch diagnose` of the records it kept.
+struct Failed {
+    /// The job.
+    job: Ran,
+    /// `nuvec-launch diagnose DIR` on its `--dump-records DIR`.
+    diagnosed: Ran,
+}
+
+/// `nuvec-launch -n 4 --dump-records DIR` of this binary in `role` with
+/// `NUVEC_LAUNCH_TEST_FAILURE=how`, then `nuvec-launch diagnose DIR`; every temporary file is
+/// checked removed.
+fn failing_job(name: &str, role: &str, how: &str) -> Failed {
     let _job = procs::exclusive();
     let tmp = scratch(name);
+    let dump = tmp.join("dump").display().to_string();
     let port = free_ports(4).to_string();
+    let role = format!("{ROLE}={role}");
     let failure = format!("NUVEC_LAUNCH_TEST_FAILURE={how}");
     let mut args = vec![
         "-n",
         "4",
         "--starting-port",
         &port,
+        "--dump-records",
+        &dump,
         "--env",
-        "NUVEC_LAUNCH_TEST_ROLE=fail-after-all-sum",
+        &role,
         "--env",
         &failure,
         "--env",
@@ -864,9 +901,14 @@ fn failing_job(name: &str, how: &str) -> Ran {
     ];
     let command = rank_command();
     args.extend(command.iter().map(String::as_str));
-    let done = run(&mut nuvec_launch(&tmp, &args), Duration::from_secs(120));
+    let job = run(&mut nuvec_launch(&tmp, &args), Duration::from_secs(120));
+    let diagnosed = run(
+        &mut nuvec_launch(&tmp, &["diagnose", &dump]),
+        Duration::from_secs(30),
+    );
+    let _ = std::fs::remove_dir_all(&dump);
     assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
-    done
+    Failed { job, diagnosed }
 }
 
 /// The launcher's own lines (`[ERROR] ...`, `[WARN] ...`) in `stderr`, in order.
@@ -877,66 +919,26 @@ fn launcher_lines(stderr: &str) -> Vec<&str> {
         .collect()
 }
 
-#[test]
-fn a_rank_that_panics_is_named_first_with_its_message_and_its_status_is_the_jobs() {
-    for attempt in 0..3 {
-        let done = failing_job(&format!("panic-{attempt}"), "panic");
-        assert_eq!(done.code, Some(101), "{}", done.describe());
-        let ours = launcher_lines(&done.stderr);
-        assert!(
-            ours.first()
-                .is_some_and(|l| l.starts_with("[ERROR] rank 1 failed first: exit code 101, ")),
-            "{}",
-            done.describe()
-        );
-        assert!(
-            ours.iter()
-                .any(|l| l.contains("rank 1 fails on purpose after its first all_sum")),
-            "the panic's message is in the summary: {}",
-            done.describe()
-        );
-        let nodes: Vec<&&str> = ours
-            .iter()
-            .filter(|l| l.contains("Node with rank"))
-            .collect();
-        assert_eq!(
-            nodes.first().map(|l| **l),
-            Some("[WARN] Node with rank 1 exited with code 101"),
-            "{}",
-            done.describe()
-        );
-        assert!(
-            !ours
-                .iter()
-                .any(|l| l.contains("rank 1") && l.contains("killed")),
-            "{}",
-            done.describe()
-        );
-        // The summary ends with what the others did; the ranks' merged flight records may
-        // follow it.
-        assert!(
-            ours.iter()
-                .any(|l| l.starts_with("[ERROR] in consequence: ")),
-            "{}",
-            done.describe()
-        );
-    }
-}
-
-#[test]
-fn a_rank_that_is_sigkilled_is_named_with_the_signal_and_the_job_exits_137() {
-    let done = failing_job("sigkill", "sigkill");
-    assert_eq!(done.code, Some(137), "{}", done.describe());
+/// What every summary of [`failing_job`] says of rank 1, the culprit: named first (the
+/// first launcher line starts with `first`), MLX's line for it (`node`) before the others',
+/// never called killed, what the others did in consequence, and the ranks' merged flight
+/// records naming it as the first failure, with how it ended (it left no record: a rank
+/// that panics or is killed writes none).
+fn assert_rank_1_named_first(failed: &Failed, first: &str, node: &str) {
+    let done = &failed.job;
     let ours = launcher_lines(&done.stderr);
     assert!(
-        ours.first().is_some_and(
-            |l| l.starts_with("[ERROR] rank 1 failed first: signal SIGKILL (status 137), ")
-        ),
+        ours.first().is_some_and(|l| l.starts_with(first)),
         "{}",
         done.describe()
     );
-    assert!(
-        ours.contains(&"[WARN] Node with rank 1 exited with code 137 (signal SIGKILL)"),
+    let nodes: Vec<&&str> = ours
+        .iter()
+        .filter(|l| l.contains("Node with rank"))
+        .collect();
+    assert_eq!(
+        nodes.first().map(|l| **l),
+        Some(node),
         "{}",
         done.describe()
     );
@@ -946,6 +948,79 @@ fn a_rank_that_is_sigkilled_is_named_with_the_signal_and_the_job_exits_137() {
             .any(|l| l.contains("rank 1") && l.contains("killed")),
         "the culprit is never called killed: {}",
         done.describe()
+    );
+    assert!(
+        ours.iter()
+            .any(|l| l.starts_with("[ERROR] in consequence: ")),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        done.stderr.lines().any(|l| l
+            .starts_with("- the first failure: rank 1, which ended with ")
+            && l.contains(" and left no record; ")),
+        "the merged records name rank 1 too: {}",
+        done.describe()
+    );
+    let diagnosed = &failed.diagnosed;
+    assert!(
+        diagnosed
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("- the first failure: rank 1, which left no record; ")),
+        "diagnose names rank 1 from the files alone: {}",
+        diagnosed.describe()
+    );
+}
+
+#[test]
+fn a_rank_that_panics_is_named_first_with_its_message_and_its_status_is_the_jobs() {
+    for attempt in 0..3 {
+        let failed = failing_job(&format!("panic-{attempt}"), "fail-after-all-sum", "panic");
+        let done = &failed.job;
+        assert_eq!(done.code, Some(101), "{}", done.describe());
+        assert_rank_1_named_first(
+            &failed,
+            "[ERROR] rank 1 failed first: exit code 101, ",
+            "[WARN] Node with rank 1 exited with code 101",
+        );
+        assert!(
+            launcher_lines(&done.stderr)
+                .iter()
+                .any(|l| l.contains("rank 1 fails on purpose after its first all_sum")),
+            "the panic's message is in the summary: {}",
+            done.describe()
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_is_sigkilled_is_named_with_the_signal_and_the_job_exits_137() {
+    let failed = failing_job("sigkill", "fail-after-all-sum", "sigkill");
+    assert_eq!(failed.job.code, Some(137), "{}", failed.job.describe());
+    assert_rank_1_named_first(
+        &failed,
+        "[ERROR] rank 1 failed first: signal SIGKILL (status 137), ",
+        "[WARN] Node with rank 1 exited with code 137 (signal SIGKILL)",
+    );
+}
+
+#[test]
+fn a_rank_that_calls_another_collective_is_named_by_the_merged_records_and_diagnose() {
+    let failed = failing_job("mismatch", "mismatch-after-all-sum", "");
+    let done = &failed.job;
+    assert_eq!(done.code, Some(3), "{}", done.describe());
+    let finding = "- different operations at the same step: rank 1 is in all_gather #1, ranks \
+                   0, 2, 3 in all_sum #1";
+    assert!(
+        done.stderr.lines().any(|l| l == finding),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        failed.diagnosed.stdout.lines().any(|l| l == finding),
+        "{}",
+        failed.diagnosed.describe()
     );
 }
 

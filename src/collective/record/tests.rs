@@ -28,7 +28,7 @@ fn a_record_keeps_the_last_operations_oldest_first_and_counts_those_it_dropped()
     let mut record = Record::new(1, 11, 3).expect("a record");
     for n in 0..5 {
         record.begin(&Call::new("all_sum", n), [0, 2].into_iter(), Duration::ZERO);
-        record.end(None);
+        record.end(None, Duration::ZERO);
     }
     let (entries, dropped) = record.ring.entries();
     assert_eq!(dropped, 2);
@@ -62,7 +62,7 @@ fn collectives_are_numbered_per_group_and_sends_and_receives_per_peer() {
         Call::new("all_gather", 4),
     ] {
         record.begin(&call, [1, 11].into_iter(), Duration::ZERO);
-        record.end(None);
+        record.end(None, Duration::ZERO);
     }
     let got: Vec<(&str, u64, Vec<u64>)> = record
         .ring
@@ -105,7 +105,10 @@ fn a_waiting_operation_says_whom_it_waits_for_and_a_failed_one_its_error() {
     assert_eq!(line["moved"], serde_json::json!([[3, 1000]]));
     assert_eq!(line["dtype"], "float32");
     assert_eq!(line["bytes"], 4096);
-    record.end(Some(&"rank 3 closed the connection"));
+    record.end(
+        Some(&"rank 3 closed the connection"),
+        Duration::from_secs(12),
+    );
     assert_eq!(noting.due(), None);
     let lines = lines_of(13);
     let line = lines.last().expect("the failed operation");
@@ -152,7 +155,7 @@ fn a_reader_never_sees_a_slot_half_written() {
         });
         for n in 0..200_000usize {
             record.begin(&Call::new("all_max", n), [1].into_iter(), Duration::ZERO);
-            record.end(None);
+            record.end(None, Duration::ZERO);
         }
         stop.store(true, Ordering::Relaxed);
         assert!(reader.join().expect("the reader") > 0);
