@@ -158,15 +158,15 @@ impl RecordDir {
     }
 
     /// Copies the records of remote ranks (`(rank, host)`) here with `ssh HOST cat`, at most
-    /// [`FETCH_WAIT`] in all; with `remove`, the remote directory is removed after.
+    /// [`FETCH_WAIT`] in all; with `remove`, the remote directory is removed after, once every
+    /// copy has ended: hosts that share a file system (a home directory over NFS, or namespaces
+    /// on one machine), or ranks that share a host, share the directory, so removing it with one
+    /// rank's copy would lose the others' records.
     pub(crate) fn fetch(&self, ranks: &[(usize, String)], remove: bool) {
         let dir = shell_quote(&self.remote);
         let mut running: Vec<(usize, Child)> = Vec::new();
         for (rank, host) in ranks {
-            let mut script = format!("cat {dir}/rank-{rank}.jsonl");
-            if remove {
-                script += &format!("; rm -rf {dir}");
-            }
+            let script = format!("cat {dir}/rank-{rank}.jsonl");
             let Ok(file) = std::fs::File::create(self.path.join(format!("rank-{rank}.jsonl.part")))
             else {
                 continue;
@@ -197,6 +197,32 @@ impl RecordDir {
                 let _ = std::fs::rename(&part, self.path.join(format!("rank-{rank}.jsonl")));
             } else {
                 let _ = std::fs::remove_file(&part);
+            }
+        }
+        if remove {
+            let mut hosts: Vec<&str> = ranks.iter().map(|(_, host)| host.as_str()).collect();
+            hosts.sort_unstable();
+            hosts.dedup();
+            let removing: Vec<Child> = hosts
+                .into_iter()
+                .filter_map(|host| ssh(host, &format!("rm -rf {dir}")).spawn().ok())
+                .collect();
+            // As long again as the copies could take: a short ssh command each.
+            let deadline = Instant::now() + FETCH_WAIT;
+            for mut child in removing {
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(_)) => break,
+                        Ok(None) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        _ => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break;
+                        }
+                    }
+                }
             }
         }
     }
