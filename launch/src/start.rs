@@ -126,4 +126,3 @@ impl Drop for TempFile {
         let _ = std::fs::remove_file(&self.0);
     }
 }
-

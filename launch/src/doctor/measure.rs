@@ -150,7 +150,9 @@ impl Conn {
                 Ok(0) => return Err(format!("{what}: the peer's probe closed the connection")),
                 Ok(n) => n,
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    return Err(format!("{what}: nothing received within the read bound ({e})"));
+                    return Err(format!(
+                        "{what}: nothing received within the read bound ({e})"
+                    ));
                 }
                 Err(e) => return Err(format!("{what}: {e}")),
             };
@@ -282,7 +284,10 @@ mod tests {
     fn the_percentiles_are_read_from_the_sorted_samples() {
         let mut s: Vec<Duration> = (1..=200).rev().map(Duration::from_micros).collect();
         let r = rtt(&mut s).expect("samples");
-        assert_eq!((r.p50_us.round(), r.p99_us.round(), r.count), (101.0, 199.0, 200));
+        assert_eq!(
+            (r.p50_us.round(), r.p99_us.round(), r.count),
+            (101.0, 199.0, 200)
+        );
         assert_eq!(rtt(&mut []), None);
     }
 

@@ -66,10 +66,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-use crate::config::discover::{HARDWARE_PORTS, IBV_DEVICES, hardware_ports, rdma_devices};
-use crate::config::ssh::{COMMAND_TIMEOUT, Output, Replay, Runner, Ssh, bounded};
 use self::measure::Budget;
 use crate::args::Args;
+use crate::config::discover::{HARDWARE_PORTS, IBV_DEVICES, hardware_ports, rdma_devices};
+use crate::config::ssh::{COMMAND_TIMEOUT, Output, Replay, Runner, Ssh, bounded};
 use crate::hosts::HostList;
 use crate::plan::{LOCAL_HOSTS, Plan};
 
@@ -155,9 +155,8 @@ pub(crate) fn main(argv: Vec<OsString>) -> i32 {
     let invalid = |what: &str| {
         usage(&DoctorArgs::command().error(clap::error::ErrorKind::ValueValidation, what))
     };
-    if !(args.probe_seconds.is_finite() && args.probe_seconds > 0.0)
-        || !(args.connect_timeout.is_finite() && args.connect_timeout > 0.0)
-    {
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if !positive(args.probe_seconds) || !positive(args.connect_timeout) {
         return invalid("--probe-seconds and --connect-timeout take a positive number");
     }
     let list = match &args.hostfile {
@@ -365,12 +364,7 @@ fn probe_plan(args: &DoctorArgs, backend: &str, list: HostList) -> Result<Plan, 
 }
 
 /// Starts the probes of `plan` and has each measure its links, one at a time.
-fn measure_links(
-    plan: &Plan,
-    backend: &str,
-    list: &HostList,
-    budget: &Budget,
-) -> Vec<report::Row> {
+fn measure_links(plan: &Plan, backend: &str, list: &HostList, budget: &Budget) -> Vec<report::Row> {
     let n = plan.ranks.len();
     let topologies: Vec<probe::Topology> = if backend == "ring" {
         let nodes: Vec<Vec<String>> = serde_json::from_str(&plan.file_content).unwrap_or_default();

@@ -141,13 +141,13 @@ fn topology_from_env() -> Result<Topology, String> {
     if let Ok(coordinator) = var("MLX_JACCL_COORDINATOR") {
         let path = var("MLX_IBV_DEVICES")?;
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-        let matrix: Vec<Value> =
-            serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+        let matrix: Vec<Value> = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
         return Ok(jaccl_links(rank, matrix.len(), &coordinator));
     }
     let path = var("MLX_HOSTFILE")?;
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-    let nodes: Vec<Vec<String>> = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+    let nodes: Vec<Vec<String>> =
+        serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
     if rank >= nodes.len().max(1) {
         return Err(format!("MLX_RANK {rank} is not a rank of {}", nodes.len()));
     }
@@ -356,7 +356,10 @@ mod tests {
 
     #[test]
     fn jaccl_ranks_link_to_the_coordinator_which_listens() {
-        assert_eq!(jaccl_links(0, 3, "10.0.0.1:32323").listen, ["10.0.0.1:32323"]);
+        assert_eq!(
+            jaccl_links(0, 3, "10.0.0.1:32323").listen,
+            ["10.0.0.1:32323"]
+        );
         let t = jaccl_links(2, 3, "10.0.0.1:32323");
         assert!(t.listen.is_empty());
         assert_eq!(t.links[0].to_rank, 0);
@@ -386,11 +389,20 @@ mod tests {
         // The job's port: nobody listens on port 1 of loopback.
         let m = measure("127.0.0.1:1".parse().expect("an address"), probe, &budget);
         assert_eq!(m.error, None, "{m:?}");
-        assert_eq!(m.job_port.as_ref().map(|p| p.outcome.as_str()), Some("refused"));
+        assert_eq!(
+            m.job_port.as_ref().map(|p| p.outcome.as_str()),
+            Some("refused")
+        );
         assert_eq!(m.rtt.as_ref().map(|r| r.count), Some(20));
         assert_eq!(m.forward.as_ref().map(|t| t.bytes), Some(4 << 20));
         assert_eq!(m.back.as_ref().map(|t| t.bytes), Some(4 << 20));
-        assert!(m.from.as_ref().is_some_and(|f| f.interface.is_some()), "{m:?}");
-        assert!(m.to.as_ref().is_some_and(|t| t.local == probe.to_string()), "{m:?}");
+        assert!(
+            m.from.as_ref().is_some_and(|f| f.interface.is_some()),
+            "{m:?}"
+        );
+        assert!(
+            m.to.as_ref().is_some_and(|t| t.local == probe.to_string()),
+            "{m:?}"
+        );
     }
 }

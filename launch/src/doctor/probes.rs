@@ -141,7 +141,10 @@ impl Probes {
                 return Ok(v[key].clone());
             }
             if let Some(e) = pending.iter().find_map(|v| v.get("error")) {
-                return Err(format!("the probe says: {}", e.as_str().unwrap_or_default()));
+                return Err(format!(
+                    "the probe says: {}",
+                    e.as_str().unwrap_or_default()
+                ));
             }
             if self.open[rank] == 0 {
                 return Err(format!("the probe ended{}", self.explain(rank)));
@@ -149,7 +152,10 @@ impl Probes {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok((r, Some(line))) => {
-                    match serde_json::from_str::<Value>(&line).ok().filter(Value::is_object) {
+                    match serde_json::from_str::<Value>(&line)
+                        .ok()
+                        .filter(Value::is_object)
+                    {
                         Some(v) => self.pending[r].push_back(v),
                         None if !line.is_empty() => self.notes[r].push(line),
                         None => {}

@@ -322,7 +322,10 @@ impl Server {
                 let Some((start, bytes)) = self.upload.take() else {
                     return Err(ProtocolError("an end outside an upload".into()));
                 };
-                let nanos = now.saturating_sub(start).as_nanos().min(u128::from(u64::MAX)) as u64;
+                let nanos = now
+                    .saturating_sub(start)
+                    .as_nanos()
+                    .min(u128::from(u64::MAX)) as u64;
                 vec![Action::Send(encode(&Message::Report { bytes, nanos }))]
             }
             Message::Download { bytes, nanos } => vec![Action::Stream(Stream::new(

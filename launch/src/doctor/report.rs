@@ -196,6 +196,7 @@ pub(crate) fn findings(rows: &mut [Row]) -> (Vec<String>, Option<f64>) {
             })
             .unwrap_or_default();
         if let Some(med) = med {
+            let mut slow = false;
             for (dir, v) in [("forward", fwd), ("back", back)] {
                 if let Some(v) = v.filter(|v| *v < SLOW * med) {
                     flags.push(format!("slow {dir}"));
@@ -207,8 +208,11 @@ pub(crate) fn findings(rows: &mut [Row]) -> (Vec<String>, Option<f64>) {
                         v / med,
                         rate(med)
                     ));
-                    slow_ranks.push(vec![row.from, row.to]);
+                    slow = true;
                 }
+            }
+            if slow {
+                slow_ranks.push(vec![row.from, row.to]);
             }
         }
         if let (Some(f), Some(b)) = (fwd, back) {
@@ -237,7 +241,7 @@ pub(crate) fn findings(rows: &mut [Row]) -> (Vec<String>, Option<f64>) {
         }
         row.flags = flags;
     }
-    // A rank on every slow link is the likely culprit.
+    // A rank on every slow link (of two or more) is the likely culprit.
     if slow_ranks.len() > 1 {
         let first = slow_ranks[0].clone();
         for r in first {
@@ -341,9 +345,9 @@ pub(crate) fn table(rows: &[Row]) -> String {
         let from = m.and_then(|m| m.from.as_ref()).map_or("-".to_owned(), |e| {
             format!("{} {}", e.interface.as_deref().unwrap_or("?"), ip(e))
         });
-        let to = m
-            .and_then(|m| m.to.as_ref())
-            .map_or("-".to_owned(), |e| e.interface.clone().unwrap_or("?".into()));
+        let to = m.and_then(|m| m.to.as_ref()).map_or("-".to_owned(), |e| {
+            e.interface.clone().unwrap_or("?".into())
+        });
         let mtu = m
             .map(|m| {
                 let a = m.from.as_ref().and_then(|e| e.mtu);
@@ -361,9 +365,9 @@ pub(crate) fn table(rows: &[Row]) -> String {
         let connect = m
             .and_then(|m| m.connect_ms)
             .map_or("-".to_owned(), |ms| format!("{ms:.2} ms"));
-        let rtt = m
-            .and_then(|m| m.rtt.as_ref())
-            .map_or("-".to_owned(), |r| format!("{:.0}/{:.0} µs", r.p50_us, r.p99_us));
+        let rtt = m.and_then(|m| m.rtt.as_ref()).map_or("-".to_owned(), |r| {
+            format!("{:.0}/{:.0} µs", r.p50_us, r.p99_us)
+        });
         let (f, b) = row.rates();
         cells.push(vec![
             row.name(),
@@ -379,7 +383,13 @@ pub(crate) fn table(rows: &[Row]) -> String {
         ]);
     }
     let widths: Vec<usize> = (0..header.len())
-        .map(|c| cells.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .map(|c| {
+            cells
+                .iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for r in &cells {
@@ -459,17 +469,27 @@ mod tests {
 
     #[test]
     fn a_clean_ring_has_no_flag_and_a_table_row_per_link() {
-        let mut rows = ring(&[(940.0, 941.0), (939.0, 940.0), (942.0, 938.0), (940.0, 940.0)]);
+        let mut rows = ring(&[
+            (940.0, 941.0),
+            (939.0, 940.0),
+            (942.0, 938.0),
+            (940.0, 940.0),
+        ]);
         let (problems, med) = findings(&mut rows);
         assert_eq!(problems, Vec::<String>::new());
         assert!(med.is_some_and(|m| (m - 940e6).abs() < 2e6));
         let t = table(&rows);
         assert_eq!(t.lines().count(), 5, "{t}");
-        assert!(t.lines().nth(1).is_some_and(|l| l.starts_with("0→1   198.18.0.2:32323")
-            && l.contains("eth0 198.18.0.1")
-            && l.contains("1500")
-            && l.contains("50/120 µs")
-            && l.contains("940 Mbit/s")), "{t}");
+        assert!(
+            t.lines()
+                .nth(1)
+                .is_some_and(|l| l.starts_with("0→1   198.18.0.2:32323")
+                    && l.contains("eth0 198.18.0.1")
+                    && l.contains("1500")
+                    && l.contains("50/120 µs")
+                    && l.contains("940 Mbit/s")),
+            "{t}"
+        );
     }
 
     #[test]
@@ -481,7 +501,9 @@ mod tests {
         assert_eq!(rows[3].flags, ["slow forward", "slow back"]);
         assert!(rows[0].flags.is_empty() && rows[1].flags.is_empty());
         assert!(
-            problems.iter().any(|p| p.starts_with("rank 3 (host host3) is on every slow link")),
+            problems
+                .iter()
+                .any(|p| p.starts_with("rank 3 (host host3) is on every slow link")),
             "{problems:#?}"
         );
         assert!(problems[0].contains("is slow forward: 94 Mbit/s is 0.18x the median"));
@@ -524,7 +546,10 @@ mod tests {
             .iter()
             .find(|p| p.starts_with("rank 2 (host host2) sends and receives on 2 interfaces"))
             .unwrap_or_else(|| panic!("{problems:#?}"));
-        assert!(p.contains("eth2 (198.18.0.3) for 2→3; wlan2 (198.19.0.3) for 1→2"), "{p}");
+        assert!(
+            p.contains("eth2 (198.18.0.3) for 2→3; wlan2 (198.19.0.3) for 1→2"),
+            "{p}"
+        );
         assert!(rows[1].flags.contains(&"interfaces".to_owned()));
         assert!(rows[1].flags.contains(&"slow forward".to_owned()));
     }

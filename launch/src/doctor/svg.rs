@@ -85,10 +85,7 @@ pub(crate) fn svg(title: &str, hosts: &[String], rows: &[Row]) -> String {
             (Some(f), Some(b)) => format!("{} {} / {}", row.name(), rate(f), rate(b)),
             _ => format!("{} {}", row.name(), row.flags.join(", ")),
         };
-        let (mx, my) = (
-            (x1 + x2) / 2.0 + ox * 2.2,
-            (y1 + y2) / 2.0 + oy * 2.2 + 4.0,
-        );
+        let (mx, my) = ((x1 + x2) / 2.0 + ox * 2.2, (y1 + y2) / 2.0 + oy * 2.2 + 4.0);
         let _ = writeln!(
             s,
             r#"<text x="{mx:.1}" y="{my:.1}" text-anchor="middle" fill="{colour}">{}</text>"#,
@@ -148,7 +145,11 @@ mod tests {
         assert_eq!(s.matches("<circle").count(), 3);
         assert_eq!(s.matches("<line").count(), 3);
         assert_eq!(s.matches("0→1 940 Mbit/s / 940 Mbit/s").count(), 1);
-        assert_eq!(s.matches("#d62728").count(), 2, "the flagged link and its label");
+        assert_eq!(
+            s.matches("#d62728").count(),
+            2,
+            "the flagged link and its label"
+        );
         assert!(s.contains("b&lt;&amp;&gt;") && s.contains("3 &lt;hosts&gt;"));
     }
 }
