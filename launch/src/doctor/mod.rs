@@ -70,7 +70,7 @@ use self::measure::Budget;
 use crate::args::Args;
 use crate::config::discover::{HARDWARE_PORTS, IBV_DEVICES, hardware_ports, rdma_devices};
 use crate::config::ssh::{COMMAND_TIMEOUT, Output, Replay, Runner, Ssh, bounded};
-use crate::hosts::HostList;
+use crate::hosts::{HostList, hosts_of};
 use crate::plan::{LOCAL_HOSTS, Plan};
 
 /// The command line of `nuvec-launch doctor`.
@@ -159,23 +159,12 @@ pub(crate) fn main(argv: Vec<OsString>) -> i32 {
     if !positive(args.probe_seconds) || !positive(args.connect_timeout) {
         return invalid("--probe-seconds and --connect-timeout take a positive number");
     }
-    let list = match &args.hostfile {
-        Some(path) => HostList::from_file(path),
-        None => HostList::from_list(&args.hosts, 1),
-    };
-    let list = match list {
+    let list = match hosts_of(args.hostfile.as_deref(), &args.hosts) {
         Ok(l) => l,
         Err(e) => return invalid(&e.0),
     };
     for w in &list.warnings {
         eprintln!("[WARN] {w}");
-    }
-    if let Some(h) = list.hosts.iter().find(|h| h.ssh.starts_with('-')) {
-        eprintln!(
-            "[ERROR] the host name {:?} starts with '-', which ssh would take as an option",
-            h.ssh
-        );
-        return 2;
     }
     let backend = match (&args.backend, list.backend.as_str()) {
         (Some(b), _) => b.clone(),
