@@ -3,9 +3,9 @@
 //! (`MLX_RANK`) and the job's topology from the same variables (`MLX_HOSTFILE` for the ring;
 //! `MLX_JACCL_COORDINATOR` and `MLX_IBV_DEVICES` for JACCL).
 //!
-//! Its links ([`links`]) are the job's: for the ring, rank r's connection c to address c of
-//! rank r+1 (MLX's ring: r connects to every address of its right neighbour); for JACCL,
-//! every rank but 0 to the coordinator. It listens where the job's ranks would listen, at
+//! Its links ([`ring_links`], [`jaccl_links`]) are the job's: for the ring, rank r's
+//! connection c to address c of rank r+1 (MLX's ring: r connects to every address of its
+//! right neighbour); for JACCL, every rank but 0 to the coordinator. It listens where the job's ranks would listen, at
 //! the job's port plus `--offset` (the doctor passes the number of ports the job uses, so the
 //! probe ports are the block right after the job's and never the job's own), and answers
 //! every connection with `protocol.rs`'s [`Server`].
