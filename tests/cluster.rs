@@ -4,7 +4,9 @@
 //! `jaccl`) over the RDMA fabric on the software provider's TCP wire, a hostfile of host names,
 //! and the faults of a network: a pulled cable (ring, also under nuvec-launch, whose merged
 //! flight records name the cut host's rank; and JACCL over RDMA), a glitch shorter
-//! than the timeout, a slow host and a stranger during setup.
+//! than the timeout, a slow host and a stranger during setup; and `nuvec-launch doctor` on a
+//! clean cluster (against iperf3), a host at a tenth of the rate, a host file address on a
+//! second, slower NIC, and a firewall dropping the ring's port.
 //!
 //! Runs as root (CI); elsewhere every test prints why it skips, but under `CI=true` a cluster
 //! that cannot be made fails. One cluster at a time: every test holds [`exclusive`]. The
@@ -1451,4 +1453,225 @@ fn a_cluster_is_held_while_the_hold_file_exists() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let _ = std::fs::remove_file(&hold);
+}
+
+/// `nuvec-launch doctor ARGS...` run on host 0 with the cluster's ssh, its links measured
+/// briefly (64 MiB or 0.5 s each way, 100 round trips, connects bounded by 1 s).
+fn doctor(c: &Cluster, args: &[&str]) -> Ran {
+    let mut full = strings(&[
+        "doctor",
+        "--probe-mib",
+        "64",
+        "--probe-seconds",
+        "0.5",
+        "--pings",
+        "100",
+        "--connect-timeout",
+        "1",
+    ]);
+    full.extend(strings(args));
+    run(
+        &mut launcher(c, launcher::nuvec_launch(), &full),
+        Duration::from_secs(120),
+    )
+}
+
+/// The link's rate as `benches/cluster.sh` measures it: one TCP stream from host `from` to
+/// host `to` for 2 s (iperf3), in bits per second received.
+fn iperf3(c: &Cluster, from: usize, to: usize) -> f64 {
+    let addr = c.hosts[to].addr.to_string();
+    let mut server = {
+        let mut s = Command::new("iperf3");
+        s.args(["-s", "-B", &addr, "-1"]);
+        c.on(to, s)
+    }
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("iperf3 -s runs");
+    let mut rate = None;
+    for _ in 0..50 {
+        let mut client = Command::new("iperf3");
+        client.args(["-c", &addr, "-t", "2", "-J"]);
+        let done = run(&mut c.on(from, client), Duration::from_secs(30));
+        let report: serde_json::Value = serde_json::from_str(&done.stdout).unwrap_or_default();
+        rate = report["end"]["sum_received"]["bits_per_second"].as_f64();
+        if rate.is_some() {
+            break;
+        }
+        // The server is not listening yet: polled, bounded by the 50 tries.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    rate.expect("iperf3 measured the link")
+}
+
+/// The row of `link` (`2→3`) in the doctor's table.
+fn table_row<'a>(out: &'a str, link: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.trim_start().starts_with(&format!("{link} ")))
+        .unwrap_or_else(|| panic!("no row {link}:\n{out}"))
+}
+
+#[test]
+fn the_doctor_measures_every_link_of_a_clean_cluster_within_ten_percent_of_iperf3() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(4, "1gbit") else {
+        return;
+    };
+    let svg = procs::scratch("doctor-clean").join("links.svg");
+    let svg_arg = svg.display().to_string();
+    // 128 MiB or 1 s each way, as iperf3's stream runs long enough to leave slow start.
+    let done = doctor(
+        &c,
+        &[
+            "--hosts",
+            &c.host_list(&[0, 1, 2, 3]),
+            "--json",
+            "--svg",
+            &svg_arg,
+            "--probe-mib",
+            "128",
+            "--probe-seconds",
+            "1",
+        ],
+    );
+    assert_eq!(done.code, Some(0), "{}", done.describe());
+    let report: serde_json::Value = serde_json::from_str(&done.stdout).expect("the JSON report");
+    let link = iperf3(&c, 0, 1);
+    let links = report["links"].as_array().expect("the links");
+    assert_eq!(links.len(), 4, "{}", done.stdout);
+    let mut off = Vec::new();
+    for l in links {
+        let m = &l["measurement"];
+        assert_eq!(m["job_port"]["outcome"], "refused", "{l}");
+        assert!(m["rtt"]["p50_us"].as_f64().is_some_and(|v| v > 0.0), "{l}");
+        assert_eq!(m["from"]["mtu"], 1500, "{l}");
+        for dir in ["forward", "back"] {
+            let bytes = m[dir]["bytes"].as_f64().unwrap_or_default();
+            let secs = m[dir]["seconds"].as_f64().unwrap_or(1.0);
+            let bps = bytes * 8.0 / secs;
+            let what = format!(
+                "link {}→{} {dir}: {:.0} Mbit/s, iperf3 {:.0} Mbit/s ({:+.1} %)",
+                l["from"],
+                l["to"],
+                bps / 1e6,
+                link / 1e6,
+                (bps / link - 1.0) * 100.0
+            );
+            eprintln!("MEASURED doctor {what}");
+            if (bps / link - 1.0).abs() > 0.10 {
+                off.push(what);
+            }
+        }
+    }
+    assert!(off.is_empty(), "more than 10 % from iperf3: {off:#?}");
+    let drawn = std::fs::read_to_string(&svg).expect("the SVG");
+    assert_eq!(drawn.matches("<line").count(), 4, "{drawn}");
+    assert_eq!(drawn.matches("<circle").count(), 4, "{drawn}");
+}
+
+#[test]
+fn the_doctor_names_the_host_whose_nic_runs_at_a_tenth() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(4, "1gbit") else {
+        return;
+    };
+    c.set_rate(3, "100mbit");
+    let done = doctor(&c, &["--hosts", &c.host_list(&[0, 1, 2, 3])]);
+    eprintln!("MEASURED doctor, host 3 at 100 Mbit/s:\n{}", done.stdout);
+    assert_eq!(done.code, Some(1), "{}", done.describe());
+    assert!(
+        done.stdout
+            .contains("PROBLEM: rank 3 (host 198.18.0.4) is on every slow link"),
+        "{}",
+        done.stdout
+    );
+    for slow in ["2→3", "3→0"] {
+        assert!(
+            table_row(&done.stdout, slow).contains("slow forward, slow back"),
+            "{}",
+            done.stdout
+        );
+    }
+    for fast in ["0→1", "1→2"] {
+        assert!(
+            !table_row(&done.stdout, fast).contains("slow"),
+            "{}",
+            done.stdout
+        );
+    }
+}
+
+#[test]
+fn the_doctor_says_when_a_hosts_address_sits_on_its_second_slower_interface() {
+    let _one = exclusive();
+    let Some(mut c) = cluster::make(4, "1gbit") else {
+        return;
+    };
+    let nics = c.second_network("100mbit");
+    // Host 2's entry lists its address on the second network, as a host file listing a
+    // Wi-Fi address beside Thunderbolt ones.
+    let hosts: Vec<serde_json::Value> = (0..4)
+        .map(|i| {
+            let ip = if i == 2 {
+                "198.19.0.3".to_owned()
+            } else {
+                c.hosts[i].addr.to_string()
+            };
+            serde_json::json!({ "ssh": c.hosts[i].addr.to_string(), "ips": [ip] })
+        })
+        .collect();
+    let path = procs::scratch("doctor-second").join("hosts.json");
+    std::fs::write(&path, serde_json::Value::Array(hosts).to_string()).expect("the host file");
+    let done = doctor(&c, &["--hostfile", &path.display().to_string()]);
+    eprintln!(
+        "MEASURED doctor, host 2's address on its second NIC:\n{}",
+        done.stdout
+    );
+    assert_eq!(done.code, Some(1), "{}", done.describe());
+    let named = format!("{} (198.19.0.3) for 1→2", nics[2]);
+    assert!(
+        done.stdout
+            .contains("PROBLEM: rank 2 (host 198.18.0.3) sends and receives on 2 interfaces")
+            && done.stdout.contains(&named),
+        "{}",
+        done.stdout
+    );
+    let row = table_row(&done.stdout, "1→2");
+    assert!(
+        row.contains("198.19.0.2") && row.contains("slow forward") && row.contains(&nics[1]),
+        "{}",
+        done.stdout
+    );
+}
+
+#[test]
+fn the_doctor_names_the_link_and_port_a_firewall_drops() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    // The ring's ports from 32323: rank 2 listens on 32325.
+    c.drop_port(2, 32325);
+    let done = doctor(&c, &["--hosts", &c.host_list(&[0, 1, 2])]);
+    eprintln!(
+        "MEASURED doctor, port 32325 dropped on host 2:\n{}",
+        done.stdout
+    );
+    assert_eq!(done.code, Some(1), "{}", done.describe());
+    assert!(
+        done.stdout.contains(
+            "PROBLEM: port 32325 on host 198.18.0.3 does not answer: a firewall dropping it? \
+             (link 1→2"
+        ),
+        "{}",
+        done.stdout
+    );
+    assert!(
+        table_row(&done.stdout, "1→2").contains("port 32325 dropped"),
+        "{}",
+        done.stdout
+    );
 }

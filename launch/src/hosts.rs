@@ -226,6 +226,27 @@ impl HostList {
 /// The keys of a host file object (`mlx.launch`'s `Hostfile.from_file`).
 const FILE_KEYS: [&str; 3] = ["hosts", "backend", "envs"];
 
+/// The hosts of `config`'s and `doctor`'s command lines: `--hostfile` when given, else
+/// `--hosts` (one rank per host); a host name starting with `-` is refused, since `ssh` would
+/// take it as an option (MLX does not check).
+///
+/// # Errors
+///
+/// The host file's or list's [`UsageError`], or the name starting with `-`.
+pub(crate) fn hosts_of(hostfile: Option<&Path>, hosts: &str) -> Result<HostList, UsageError> {
+    let list = match hostfile {
+        Some(path) => HostList::from_file(path)?,
+        None => HostList::from_list(hosts, 1)?,
+    };
+    if let Some(h) = list.hosts.iter().find(|h| h.ssh.starts_with('-')) {
+        return Err(UsageError(format!(
+            "The host name {:?} starts with '-', which ssh would take as an option",
+            h.ssh
+        )));
+    }
+    Ok(list)
+}
+
 /// The keys of a host entry.
 pub(crate) const HOST_KEYS: [&str; 3] = ["ssh", "ips", "rdma"];
 

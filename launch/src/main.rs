@@ -8,8 +8,10 @@
 //! ```
 //!
 //! `nuvec-launch config ...` and `nuvec-launch doctor ...` (first argument `config` or
-//! `doctor`) are [`config`]'s and [`doctor`]'s; a program of either name is launched as
-//! `nuvec-launch -- config`.
+//! `doctor`) are [`config`]'s and [`doctor`]'s (`probe`, hidden, is the doctor's probe); a
+//! program of any of these names is launched as `nuvec-launch -- config`. How a rank's
+//! process is made (its command, the shared generated file) is [`start`]'s, shared with the
+//! doctor's probes.
 //!
 //! The command line ([`args`]), the hosts ([`hosts`]), the ports, the hostfile
 //! (`MLX_HOSTFILE`) or device file (`MLX_IBV_DEVICES`) and the exported variables ([`plan`])
@@ -78,8 +80,8 @@ mod output;
 mod plan;
 mod records;
 mod script;
+mod start;
 
-use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -93,6 +95,7 @@ use crossbeam_channel::{Receiver, Sender, after, never, select, tick};
 use crate::failure::{Ending, Exit, Level};
 use crate::hosts::HostList;
 use crate::plan::{Plan, RankPlan};
+use crate::start::TempFile;
 
 /// How long stopped ranks get between SIGTERM and SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
@@ -118,6 +121,10 @@ fn run() -> i32 {
     }
     if argv.get(1).is_some_and(|a| a == "doctor") {
         return doctor::main(argv[1..].to_vec());
+    }
+    if argv.get(1).is_some_and(|a| a == "probe") {
+        // Hidden: what `doctor` starts on every host, as a rank.
+        return doctor::probe::main(argv[1..].to_vec());
     }
     if argv.get(1).is_some_and(|a| a == "diagnose") {
         return diagnose(&argv[1..]);
@@ -350,50 +357,6 @@ fn ending(status: &ExitStatus) -> Ending {
         (Some(code), _) => Ending::Code(code),
         (None, Some(sig)) => Ending::Signal(sig),
         (None, None) => Ending::Code(1),
-    }
-}
-
-/// The temporary file local ranks share, removed when dropped.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn create(var: &str, contents: &str) -> std::io::Result<TempFile> {
-        let dir = std::env::temp_dir();
-        let stem = format!(
-            "nuvec-launch-{}-{}",
-            std::process::id(),
-            var.to_ascii_lowercase().replace('_', "-")
-        );
-        let mut attempt = 0;
-        loop {
-            let name = if attempt == 0 {
-                format!("{stem}.json")
-            } else {
-                format!("{stem}-{attempt}.json")
-            };
-            let path = dir.join(name);
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut file) => {
-                    let file_guard = TempFile(path);
-                    file.write_all(contents.as_bytes())?;
-                    return Ok(file_guard);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
-                    attempt += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -780,50 +743,23 @@ impl Job {
         stdin: bool,
     ) -> Result<Child, i32> {
         let rank = self.ranks[i].plan.clone();
-        let mut cmd = if rank.local {
-            let mut cmd = Command::new(&self.plan.command[0]);
-            cmd.args(&self.plan.command[1..]);
-            // First, so that a `--env` of the same name wins.
-            if let Some(dir) = &self.records {
-                cmd.env(collect::RECORD_DIR_VAR, dir.path());
-            }
-            for (key, value) in self.plan.rank_env(rank.rank, file_path) {
-                cmd.env(key, value);
-            }
-            if let Some(dir) = self.plan.cwd.as_deref().filter(|d| !d.is_empty()) {
-                if Path::new(dir).is_dir() {
-                    cmd.current_dir(dir);
-                    if let Ok(abs) = std::fs::canonicalize(dir) {
-                        cmd.env("PWD", abs);
-                    }
-                } else {
-                    self.say(
-                        rank.rank,
-                        true,
-                        &format!("Failed to change directory to {}", script::shell_quote(dir)),
-                    );
-                }
-            }
-            cmd
-        } else {
-            let mut script = script::launch_script(&self.plan, rank.rank, launcher_cwd, false);
-            if let Some(dir) = &self.records {
-                script = dir.remote_prelude() + &script;
-            }
-            let argv = script::ssh_command(&rank.host, &script);
+        let start = start::rank_command(
+            &self.plan,
+            &rank,
+            file_path,
+            launcher_cwd,
+            self.records.as_ref(),
+        );
+        if let Some(line) = &start.cwd_failure {
+            self.say(rank.rank, true, line);
+        }
+        if let Some(shown) = &start.shown {
             info(
                 self.plan.verbose,
-                &format!(
-                    "Rank {} on {}: {}",
-                    rank.rank,
-                    rank.host,
-                    script::shell_join(&argv)
-                ),
+                &format!("Rank {} on {}: {shown}", rank.rank, rank.host),
             );
-            let mut cmd = Command::new(&argv[0]);
-            cmd.args(&argv[1..]);
-            cmd
-        };
+        }
+        let mut cmd = start.command;
         // Its own process group: a Ctrl-C in the terminal reaches this launcher only, which
         // reports, then stops the ranks itself.
         cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })

@@ -28,11 +28,16 @@
 //! pair goes with its namespace) and the directory is removed.
 //!
 //! Faults: [`Cluster::pull`] sets the switch side of a host's cable down (the host sees no
-//! carrier: no FIN, no RST, only silence), [`Cluster::plug`] sets it up again, and
-//! [`Cluster::set_rate`] reshapes a host's NIC in both directions.
+//! carrier: no FIN, no RST, only silence), [`Cluster::plug`] sets it up again,
+//! [`Cluster::set_rate`] reshapes a host's NIC in both directions, [`Cluster::second_network`]
+//! gives every host a second NIC on a second bridge (`ncl<pid>w`, addresses `198.19.0.<i+1>`,
+//! still RFC 2544's range; a Wi-Fi beside the Thunderbolt network) at a rate of its own, and
+//! [`Cluster::drop_port`] makes a host's firewall drop a TCP port (an `nftables` table in the
+//! host's namespace, which goes with it).
 //!
-//! [`make`] needs root, `ip`, `tc`, `sshd`, `ssh` and `ssh-keygen`; without them it returns
-//! `None` after printing why, except under `CI=true`, where it panics.
+//! [`make`] needs root, `ip`, `tc`, `sshd`, `ssh` and `ssh-keygen` (and `nft` for
+//! [`Cluster::drop_port`]); without them it returns `None` after printing why, except under
+//! `CI=true`, where it panics.
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::Ipv4Addr;
@@ -77,6 +82,8 @@ pub struct Cluster {
     bridge: String,
     /// The hosts, by index.
     pub hosts: Vec<Host>,
+    /// The second network's bridge and each host's `(switch side, NIC)`, once made.
+    second: Option<(String, Vec<(String, String)>)>,
 }
 
 /// Runs a command of the cluster's setup, returning its error output on failure.
@@ -185,7 +192,9 @@ fn clean_stale() {
         let Some(name) = line.split(": ").nth(1) else {
             continue;
         };
-        if let Some(pid) = name.strip_prefix("ncl").and_then(|r| r.strip_suffix('b'))
+        if let Some(pid) = name
+            .strip_prefix("ncl")
+            .and_then(|r| r.strip_suffix('b').or_else(|| r.strip_suffix('w')))
             && pid.bytes().all(|b| b.is_ascii_digit())
             && dead(pid)
         {
@@ -216,6 +225,19 @@ fn kill_namespace(ns: &str) {
     }
 }
 
+/// Shapes the veth pair `outer` (machine side) / `inner` (in namespace `ns`) at `rate` both
+/// ways.
+fn shape_pair(ns: &str, outer: &str, inner: &str, rate: &str, verb: &str) -> Result<(), String> {
+    let tbf = tbf_args(rate);
+    let tbf: Vec<&str> = tbf.iter().map(String::as_str).collect();
+    let mut o = vec!["qdisc", verb, "dev", outer, "root", "tbf"];
+    o.extend(&tbf);
+    sh("tc", &o)?;
+    let mut i = vec!["-n", ns, "qdisc", verb, "dev", inner, "root", "tbf"];
+    i.extend(&tbf);
+    sh("tc", &i)
+}
+
 impl Cluster {
     fn build(n: usize, rate: &str) -> Result<Cluster, String> {
         assert!((1..=200).contains(&n), "1 to 200 hosts");
@@ -239,6 +261,7 @@ impl Cluster {
                     sshd: None,
                 })
                 .collect(),
+            second: None,
         };
         // From here on, a failure drops the cluster, which removes what was made.
         cluster.network(rate)?;
@@ -288,14 +311,7 @@ impl Cluster {
             return Ok(());
         }
         let h = &self.hosts[i];
-        let tbf = tbf_args(rate);
-        let tbf: Vec<&str> = tbf.iter().map(String::as_str).collect();
-        let mut outer = vec!["qdisc", verb, "dev", &h.outer, "root", "tbf"];
-        outer.extend(&tbf);
-        sh("tc", &outer)?;
-        let mut inner = vec!["-n", &h.ns, "qdisc", verb, "dev", &h.inner, "root", "tbf"];
-        inner.extend(&tbf);
-        sh("tc", &inner)
+        shape_pair(&h.ns, &h.outer, &h.inner, rate, verb)
     }
 
     fn ssh_files(&self) -> Result<(), String> {
@@ -524,8 +540,77 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Gives every host a second NIC on a second bridge at `rate`, host `i`'s at
+    /// `198.19.0.<i+1>/24` (a second network beside the first: a host's traffic to a
+    /// `198.19.0.x` address goes over it); returns the NICs' names, by host.
+    pub fn second_network(&mut self, rate: &str) -> Vec<String> {
+        assert!(self.second.is_none(), "one second network");
+        let pid = std::process::id();
+        let bridge = format!("ncl{pid}w");
+        must("ip", &["link", "add", &bridge, "type", "bridge"]);
+        // From here on, Drop removes the bridge and the pairs made so far.
+        self.second = Some((bridge.clone(), Vec::new()));
+        must("ip", &["link", "set", &bridge, "up"]);
+        let mut names = Vec::new();
+        for i in 0..self.hosts.len() {
+            let (outer, inner) = (format!("ncl{pid}q{i}"), format!("ncl{pid}w{i}"));
+            let ns = self.hosts[i].ns.clone();
+            must(
+                "ip",
+                &[
+                    "link", "add", &outer, "type", "veth", "peer", "name", &inner, "netns", &ns,
+                ],
+            );
+            if let Some((_, pairs)) = &mut self.second {
+                pairs.push((outer.clone(), inner.clone()));
+            }
+            must("ip", &["link", "set", &outer, "master", &bridge, "up"]);
+            let addr = format!("198.19.0.{}/24", i + 1);
+            must("ip", &["-n", &ns, "addr", "add", &addr, "dev", &inner]);
+            must("ip", &["-n", &ns, "link", "set", &inner, "up"]);
+            if let Err(e) = shape_pair(&ns, &outer, &inner, rate, "add") {
+                panic!("cluster: {e}");
+            }
+            names.push(inner);
+        }
+        names
+    }
+
+    /// Makes host `i`'s firewall drop every TCP segment to `port` (an `nftables` rule in its
+    /// namespace): a connect there gets no answer at all.
+    pub fn drop_port(&self, i: usize, port: u16) {
+        let rules = format!(
+            "table inet nuvec_cluster {{\n  chain input {{\n    type filter hook input priority 0; \
+             policy accept;\n    tcp dport {port} drop\n  }}\n}}\n"
+        );
+        let path = self.dir.join(format!("nft{i}.conf"));
+        if let Err(e) = std::fs::write(&path, rules) {
+            panic!("cluster: {e}");
+        }
+        must(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &self.hosts[i].ns,
+                "nft",
+                "-f",
+                &path.display().to_string(),
+            ],
+        );
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // The second network first: its pairs go with the namespaces too, but later.
+        if let Some((bridge, pairs)) = self.second.take() {
+            for (outer, _) in pairs {
+                let _ = sh("ip", &["link", "del", &outer]);
+            }
+            let _ = sh("ip", &["link", "del", &bridge]);
+        }
         for h in &mut self.hosts {
             if let Some(mut sshd) = h.sshd.take() {
                 let _ = sshd.kill();

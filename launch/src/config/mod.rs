@@ -58,7 +58,7 @@ use clap::Parser;
 use self::discover::{HARDWARE_PORTS, IBV_DEVICES, THUNDERBOLT};
 use self::plan::{Addresses, Backend, Named, NoBackend, Topology};
 use self::ssh::{Replay, Runner, Ssh};
-use crate::hosts::HostList;
+use crate::hosts::hosts_of;
 
 /// The command line of `nuvec-launch config` (`mlx.distributed_config`'s options).
 #[derive(Clone, Debug, PartialEq, Eq, Parser)]
@@ -187,11 +187,7 @@ struct Access {
 const BATCH: [&str; 4] = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"];
 
 fn run(args: &ConfigArgs, runner: &dyn Runner) -> Result<(), Exit> {
-    let list = match &args.hostfile {
-        Some(path) => HostList::from_file(path),
-        None => HostList::from_list(&args.hosts, 1),
-    };
-    let list = match list {
+    let list = match hosts_of(args.hostfile.as_deref(), &args.hosts) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("{}", ConfigArgs::command_error(&e.0));
@@ -200,17 +196,6 @@ fn run(args: &ConfigArgs, runner: &dyn Runner) -> Result<(), Exit> {
     };
     for w in &list.warnings {
         warn(&[w]);
-    }
-    // `ssh -evil` would take the name as an option (MLX does not check).
-    if let Some(h) = list.hosts.iter().find(|h| h.ssh.starts_with('-')) {
-        eprintln!(
-            "{}",
-            ConfigArgs::command_error(&format!(
-                "The host name {:?} starts with '-', which ssh would take as an option",
-                h.ssh
-            ))
-        );
-        return Err(Exit(2));
     }
     let names: Vec<&str> = list.hosts.iter().map(|h| h.ssh.as_str()).collect();
     info(
@@ -549,6 +534,7 @@ mod tests {
 
     use super::plan::{Hostfile, Ring};
     use super::*;
+    use crate::hosts::HostList;
 
     /// The topology and the hosts of a fixture cluster, read through the replay driver.
     fn fixture(name: &str, hosts: &[&str]) -> (Topology, Vec<Named>) {

@@ -5,17 +5,39 @@
 //! nuvec-launch doctor --hosts 192.168.0.1,192.168.0.2  # a ring over these addresses
 //! ```
 //!
-//! What it does so far (the first part of issue 34's doctor): on every rank's host it runs
-//! `ifconfig`, `networksetup -listallhardwareports` and, for JACCL, `ibv_devices` (over ssh;
-//! directly on `127.0.0.1`/`localhost`; or from saved files with `--replay DIR`, as
-//! `nuvec-launch config --replay` reads them, plus `ifconfig.txt`), and checks each rank's
-//! host file entry against them ([`checks`]): which interface each address of the job is on,
-//! an address on Wi-Fi while Thunderbolt has addresses, an address on the Thunderbolt Bridge
-//! or on no interface, the bridge up over an interface the job uses, an RDMA device missing,
-//! its interface without an IPv4 address (no IPv4-mapped GID) or unplugged. It exits with 1
-//! when it finds a problem. Not done yet: the probe started on every host as a job starts, and
-//! the measurements per link (connect time, latency, bandwidth each way, MTU), the all_sum
-//! sweep, `--json` and the SVG.
+//! On every rank's host it runs `ifconfig`, `networksetup -listallhardwareports` and, for
+//! JACCL, `ibv_devices` (over ssh; directly on `127.0.0.1`/`localhost`; or from saved files
+//! with `--replay DIR`, as `nuvec-launch config --replay` reads them, plus `ifconfig.txt`), and
+//! checks each rank's host file entry against them ([`checks`]): which interface each address
+//! of the job is on, an address on Wi-Fi while Thunderbolt has addresses, an address on the
+//! Thunderbolt Bridge or on no interface, the bridge up over an interface the job uses, an
+//! RDMA device missing, its interface without an IPv4 address (no IPv4-mapped GID) or
+//! unplugged.
+//!
+//! Then (not with `--replay` or `--no-measure`) it measures every link of the job's topology
+//! as the job would use it: it starts itself as a probe (`nuvec-launch probe`, [`probe`]) on
+//! every rank's host exactly as a job's rank is started ([`probes`]: the same ssh command and
+//! script, `--cwd`, `--env`, `MLX_RANK` and the generated host file or device file), and has
+//! each probe, one link at a time, check the job's port of its link and measure the link on
+//! the probe port beside it ([`measure`]): connect time, where the traffic leaves from
+//! (interface, address, MTU), round trips of 8 bytes (p50/p99), and bulk bytes each way
+//! within `--probe-mib` and `--probe-seconds`. The links are a ring rank's connections to its
+//! right neighbour's addresses, and JACCL's connections to its coordinator (JACCL's RDMA
+//! cables are not TCP and are not measured; the host checks above cover their devices).
+//!
+//! The probe ports: the job's port plus the number of ports the job uses, i.e. the block right
+//! after the job's (`-p 32323`, 4 ranks: the job uses 32323–32326, the probes listen on
+//! 32327–32330). Not the job's own ports, so that the doctor never takes a port from a job
+//! that is starting, and a job started right after it finds its ports free (no `TIME_WAIT`
+//! left on them by the measurements); the job's own port is still checked by a connect
+//! bounded by `--connect-timeout`: before the job, nobody listens there and the host refuses
+//! at once, so no answer at all is a firewall dropping the port.
+//!
+//! The findings ([`report`]): a port that does not answer or is taken, a link that could not
+//! be measured, a direction slower than half the median of all the job's directions,
+//! directions asymmetric below 0.7x, different MTUs at a link's ends, a host whose links use
+//! several interfaces. Output: the table, `--json`, `--svg FILE` ([`svg`]). It exits with 1
+//! when it finds a problem. Not done: the all_sum sweep of the whole job (issue 34).
 
 /// `println!` that does not panic when standard output is closed (`| head`).
 macro_rules! say {
@@ -26,31 +48,49 @@ macro_rules! say {
 }
 
 mod checks;
+mod endpoint;
 mod interfaces;
+mod measure;
+pub(crate) mod probe;
+mod probes;
+mod protocol;
+mod report;
+mod svg;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 
+use self::measure::Budget;
+use crate::args::Args;
 use crate::config::discover::{HARDWARE_PORTS, IBV_DEVICES, hardware_ports, rdma_devices};
 use crate::config::ssh::{COMMAND_TIMEOUT, Output, Replay, Runner, Ssh, bounded};
-use crate::hosts::HostList;
-use crate::plan::LOCAL_HOSTS;
+use crate::hosts::{HostList, hosts_of};
+use crate::plan::{LOCAL_HOSTS, Plan};
 
 /// The command line of `nuvec-launch doctor`.
-#[derive(Clone, Debug, PartialEq, Eq, Parser)]
+#[derive(Clone, Debug, PartialEq, Parser)]
 #[command(
     name = "nuvec-launch doctor",
     bin_name = "nuvec-launch doctor",
-    about = "Check a cluster's hosts against its host file before a job runs (nuvec-launch's)",
+    about = "Check a cluster as a job would use it: each host against the host file, then every \
+             link of the job's topology measured by a probe started on each host as a rank is",
     infer_long_args = true,
     args_override_self = true,
-    after_help = "Exits with 1 when a problem is found, 2 for a usage error, 0 otherwise. \
-Links are not measured yet (latency, bandwidth)."
+    after_help = "\
+Per link (a ring rank's connection to each address of its right neighbour; a JACCL rank's to
+the coordinator): the job's port answering (no answer: a firewall dropping it), connect time,
+the interface, address and MTU the traffic leaves from, round trips of 8 bytes (p50/p99),
+bulk bytes each way. The probes listen on the job's ports plus the number of ports the job
+uses (the block after the job's). Flags: a port that does not answer, a direction below 0.5x
+the median of the job's links, directions below 0.7x of each other, different MTUs, a host
+whose links use several interfaces. Exits with 1 when a problem is found, 2 for a usage
+error, 0 otherwise."
 )]
 pub(crate) struct DoctorArgs {
     /// A comma separated list of hosts (a ring over those that are addresses)
@@ -63,86 +103,341 @@ pub(crate) struct DoctorArgs {
     /// else ring]
     #[arg(long, value_parser = ["ring", "jaccl", "jaccl-ring"])]
     backend: Option<String>,
+    /// The job's starting port, as nuvec-launch's -p
+    #[arg(short = 'p', long, value_name = "PORT", default_value_t = crate::args::DEFAULT_STARTING_PORT)]
+    starting_port: i64,
+    /// The job's connections per IP (ring), as nuvec-launch's
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    connections_per_ip: i64,
+    /// Environment variables for the probes, as for a job's ranks (repeatable)
+    #[arg(long, value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// The working directory of the probes on each host, as nuvec-launch's --cwd
+    #[arg(long)]
+    cwd: Option<String>,
+    /// The nuvec-launch that runs as the probe on every host [default: this one's path]
+    #[arg(long, value_name = "PATH")]
+    probe_program: Option<String>,
+    /// At most this many MiB each way per link
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    probe_mib: u64,
+    /// At most this many seconds each way per link
+    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    probe_seconds: f64,
+    /// Round trips of 8 bytes per link
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pings: usize,
+    /// The longest connect, in seconds (a port that answers within it is not dropped)
+    #[arg(long, value_name = "S", default_value_t = 2.0)]
+    connect_timeout: f64,
+    /// Check the hosts only; measure no link
+    #[arg(long)]
+    no_measure: bool,
+    /// Print the report as JSON, for scripts
+    #[arg(long)]
+    json: bool,
+    /// Also draw the topology with each link's measured rates to this SVG file
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
     /// Run nothing: read each host's command outputs from DIR/HOST/ (ifconfig.txt,
-    /// hardware-ports.txt, ibv_devices.txt)
+    /// hardware-ports.txt, ibv_devices.txt); links are not measured
     #[arg(long, value_name = "DIR")]
     replay: Option<PathBuf>,
 }
 
 /// Runs `nuvec-launch doctor` with `argv` (`doctor` first) and returns the exit status.
 pub(crate) fn main(argv: Vec<OsString>) -> i32 {
+    use clap::CommandFactory;
     let args = match DoctorArgs::try_parse_from(argv) {
         Ok(a) => a,
         Err(e) => return usage(&e),
     };
-    let list = match &args.hostfile {
-        Some(path) => HostList::from_file(path),
-        None => HostList::from_list(&args.hosts, 1),
+    let invalid = |what: &str| {
+        usage(&DoctorArgs::command().error(clap::error::ErrorKind::ValueValidation, what))
     };
-    let list = match list {
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if !positive(args.probe_seconds) || !positive(args.connect_timeout) {
+        return invalid("--probe-seconds and --connect-timeout take a positive number");
+    }
+    let list = match hosts_of(args.hostfile.as_deref(), &args.hosts) {
         Ok(l) => l,
-        Err(e) => {
-            use clap::CommandFactory;
-            return usage(
-                &DoctorArgs::command().error(clap::error::ErrorKind::ValueValidation, &e.0),
-            );
-        }
+        Err(e) => return invalid(&e.0),
     };
     for w in &list.warnings {
         eprintln!("[WARN] {w}");
-    }
-    if let Some(h) = list.hosts.iter().find(|h| h.ssh.starts_with('-')) {
-        eprintln!(
-            "[ERROR] the host name {:?} starts with '-', which ssh would take as an option",
-            h.ssh
-        );
-        return 2;
     }
     let backend = match (&args.backend, list.backend.as_str()) {
         (Some(b), _) => b.clone(),
         (None, "") => "ring".to_owned(),
         (None, b) => b.to_owned(),
     };
+    let measuring = args.replay.is_none() && !args.no_measure;
+    // The job's plan, with the probe as its command: what a rank would be given.
+    let plan = if measuring {
+        match probe_plan(&args, &backend, list.clone()) {
+            Ok(p) => Some(p),
+            Err(e) => return invalid(&e),
+        }
+    } else {
+        None
+    };
     let runner: Box<dyn Runner> = match &args.replay {
         Some(dir) => Box::new(Replay(dir.clone())),
         None => Box::new(Ssh),
     };
+    let mut report = report::Report {
+        backend: backend.clone(),
+        ..report::Report::default()
+    };
     let mut states: HashMap<String, Result<checks::HostState, String>> = HashMap::new();
-    let mut problems = 0;
-    say!(
-        "{} rank(s), backend {backend}; links are not measured (not implemented yet)",
-        list.hosts.len()
-    );
     for (rank, h) in list.hosts.iter().enumerate() {
         let state = states
             .entry(h.ssh.clone())
             .or_insert_with(|| state_of(&h.ssh, &backend, runner.as_ref(), args.replay.is_some()));
-        say!("rank {rank} ({}):", h.ssh);
+        let mut r = report::RankReport {
+            rank,
+            host: h.ssh.clone(),
+            ..report::RankReport::default()
+        };
         match state {
-            Err(why) => {
-                problems += 1;
-                say!("  PROBLEM: {why}");
-            }
+            Err(why) => r.problems.push(why.clone()),
             Ok(state) => {
                 let f = checks::check(rank, &backend, &h.ips, &h.rdma, state);
-                for s in &f.seen {
-                    say!("  {s}");
-                }
-                for p in &f.problems {
-                    say!("  PROBLEM: {p}");
-                }
-                problems += f.problems.len();
+                r.seen = f.seen;
+                r.problems = f.problems;
             }
         }
+        report.ranks.push(r);
     }
+    if let Some(plan) = &plan {
+        let budget = Budget {
+            connect: secs(args.connect_timeout),
+            pings: args.pings,
+            bytes: args.probe_mib << 20,
+            time: secs(args.probe_seconds),
+            io: secs(args.probe_seconds + 10.0),
+        };
+        report.links = measure_links(plan, &backend, &list, &budget);
+        let (problems, median) = report::findings(&mut report.links);
+        report.link_problems = problems;
+        report.median_bps = median;
+    }
+    if let Some(path) = &args.svg {
+        let hosts: Vec<String> = list.hosts.iter().map(|h| h.ssh.clone()).collect();
+        let title = format!(
+            "nuvec-launch doctor: {} rank(s), backend {backend}",
+            hosts.len()
+        );
+        if let Err(e) = std::fs::write(path, svg::svg(&title, &hosts, &report.links)) {
+            eprintln!("[ERROR] cannot write {}: {e}", path.display());
+            return 2;
+        }
+    }
+    let problems = report.problems();
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => say!("{text}"),
+            Err(e) => {
+                eprintln!("[ERROR] cannot write JSON: {e}");
+                return 1;
+            }
+        }
+    } else {
+        print_report(&report, plan.is_some(), &args);
+    }
+    i32::from(problems > 0)
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::from_secs(1))
+}
+
+/// Prints the report for people.
+fn print_report(report: &report::Report, measured: bool, args: &DoctorArgs) {
+    let how = if measured {
+        format!(
+            "every link measured by a probe on each host, one link at a time, {} MiB or {} s \
+             each way",
+            args.probe_mib, args.probe_seconds
+        )
+    } else if args.replay.is_some() {
+        "links not measured (--replay)".to_owned()
+    } else {
+        "links not measured (--no-measure)".to_owned()
+    };
+    say!(
+        "{} rank(s), backend {}; {how}",
+        report.ranks.len(),
+        report.backend
+    );
+    for r in &report.ranks {
+        say!("rank {} ({}):", r.rank, r.host);
+        for s in &r.seen {
+            say!("  {s}");
+        }
+        for p in &r.problems {
+            say!("  PROBLEM: {p}");
+        }
+    }
+    if measured {
+        say!("links:");
+        for line in report::table(&report.links).lines() {
+            say!("  {line}");
+        }
+        for p in &report.link_problems {
+            say!("PROBLEM: {p}");
+        }
+    }
+    let problems = report.problems();
     if problems == 0 {
         say!("no problem found");
-        0
     } else {
         say!("{problems} problem(s) found");
-        1
     }
 }
+
+/// The job's plan with the probe as every rank's command, and the probe port offset: the
+/// number of ports the job uses.
+fn probe_plan(args: &DoctorArgs, backend: &str, list: HostList) -> Result<Plan, String> {
+    let span: i64 = if backend == "ring" {
+        list.hosts.iter().map(|h| h.ips.len() as i64).sum::<i64>() * args.connections_per_ip.max(1)
+    } else {
+        1
+    };
+    let last = args.starting_port + 2 * span - 1;
+    if last > 65535 {
+        return Err(format!(
+            "the probes need ports up to {last} (the job's {} ports, then as many beside them), \
+             beyond 65535; lower -p/--starting-port",
+            span
+        ));
+    }
+    let program = match &args.probe_program {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("cannot find this program for the probes: {e}"))?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let command = vec![
+        program,
+        "probe".to_owned(),
+        "--offset".to_owned(),
+        span.to_string(),
+        "--bytes".to_owned(),
+        (args.probe_mib << 20).to_string(),
+        "--seconds".to_owned(),
+        args.probe_seconds.to_string(),
+        "--pings".to_owned(),
+        args.pings.to_string(),
+        "--connect-timeout".to_owned(),
+        args.connect_timeout.to_string(),
+    ];
+    let launch = Args {
+        verbose: false,
+        hosts: args.hosts.clone(),
+        repeat_hosts: 1,
+        hostfile: args.hostfile.clone(),
+        backend: Some(backend.to_owned()),
+        env: args.env.clone(),
+        connections_per_ip: args.connections_per_ip,
+        starting_port: args.starting_port,
+        cwd: args.cwd.clone(),
+        wire: None,
+        python: None,
+        dump_records: None,
+        hang_report: None,
+        command,
+    };
+    crate::plan::plan(&launch, list, (0, 0)).map_err(|e| e.0)
+}
+
+/// Starts the probes of `plan` and has each measure its links, one at a time.
+fn measure_links(plan: &Plan, backend: &str, list: &HostList, budget: &Budget) -> Vec<report::Row> {
+    let n = plan.ranks.len();
+    let topologies: Vec<probe::Topology> = if backend == "ring" {
+        let nodes: Vec<Vec<String>> = serde_json::from_str(&plan.file_content).unwrap_or_default();
+        (0..n).map(|r| probe::ring_links(r, &nodes)).collect()
+    } else {
+        let coordinator = plan
+            .exports
+            .iter()
+            .find(|e| e.key == "MLX_JACCL_COORDINATOR")
+            .map(|e| e.value().to_owned())
+            .unwrap_or_default();
+        (0..n)
+            .map(|r| probe::jaccl_links(r, n, &coordinator))
+            .collect()
+    };
+    let host = |r: usize| list.hosts.get(r).map(|h| h.ssh.clone()).unwrap_or_default();
+    let mut rows = Vec::new();
+    let mut probes = match probes::Probes::start(plan) {
+        Ok(p) => p,
+        Err(e) => {
+            for t in &topologies {
+                for l in &t.links {
+                    rows.push(report::Row {
+                        from: t.rank,
+                        to: l.to_rank,
+                        from_host: host(t.rank),
+                        to_host: host(l.to_rank),
+                        connection: l.connection,
+                        address: l.job.clone(),
+                        failure: Some(e.clone()),
+                        ..report::Row::default()
+                    });
+                }
+            }
+            return rows;
+        }
+    };
+    let ready = probes.ready(Instant::now() + PROBE_START);
+    // Each link: two connects, the round trips, both directions and the replies.
+    let per_link = budget.connect * 2
+        + budget.io
+        + budget.time * 2
+        + Duration::from_millis(budget.pings as u64 * 10);
+    for t in &topologies {
+        for l in &t.links {
+            let mut row = report::Row {
+                from: t.rank,
+                to: l.to_rank,
+                from_host: host(t.rank),
+                to_host: host(l.to_rank),
+                connection: l.connection,
+                address: l.job.clone(),
+                ..report::Row::default()
+            };
+            let peer_listening = match &ready[l.to_rank] {
+                Ok(r) if r.errors.is_empty() => Ok(()),
+                Ok(r) => Err(format!(
+                    "the probe on rank {} could not listen: {}",
+                    l.to_rank,
+                    r.errors.join("; ")
+                )),
+                Err(e) => Err(format!("the probe on rank {}: {e}", l.to_rank)),
+            };
+            match &ready[t.rank] {
+                Err(e) => row.failure = Some(format!("the probe on rank {}: {e}", t.rank)),
+                Ok(_) => match probes.measure(t.rank, l.index, Instant::now() + per_link) {
+                    Ok(m) => {
+                        row.measurement = Some(m);
+                        if let Err(e) = peer_listening {
+                            row.failure = Some(e);
+                        }
+                    }
+                    Err(e) => row.failure = Some(format!("the probe on rank {}: {e}", t.rank)),
+                },
+            }
+            rows.push(row);
+        }
+    }
+    probes.stop();
+    rows
+}
+
+/// How long the probes get to start and say they are ready (ssh logins included).
+const PROBE_START: Duration = Duration::from_secs(30);
 
 fn usage(e: &clap::Error) -> i32 {
     if !e.use_stderr() {
