@@ -67,10 +67,10 @@ pub const ALL_REDUCE_CROSSOVER: usize = 16 * 1024;
 ///
 /// An all-gather by the relay sends the same R−1 messages of n bytes as MLX's, over
 /// ⌈(R−1)/2⌉ hops instead of R−1, so it saves hops and no bytes. Over loopback TCP, where a hop
-/// costs almost nothing, it measured (as [`ALL_REDUCE_CROSSOVER`]'s table) 0.83, 0.98 and 1.00
-/// × MLX's wire at 4, 16 and 64 KiB on 4 ranks and 1.06, 1.07 and 1.19 on 8: even where
-/// hops are free it is within 7 % up to 16 KiB, and across hosts each hop it saves is a link's
-/// latency. So it takes the all-reduce's crossover.
+/// costs almost nothing, it measured 0.82, 1.12 and 1.14 × MLX's wire's time at 4, 16 and 64
+/// KiB on 4 ranks and 0.89, 1.04 and 1.20 on 8 (the final build, best of 3, quiet machine;
+/// the README's table): even where hops are free it is within 12 % up to 16 KiB, and across
+/// hosts each hop it saves is a link's latency. So it takes the all-reduce's crossover.
 pub const ALL_GATHER_CROSSOVER: usize = 16 * 1024;
 
 /// Whether an all-reduce (`reduce`) or all-gather of `bytes` per rank goes by the relay on
