@@ -265,7 +265,11 @@ pub(crate) fn findings(rows: &mut [Row]) -> (Vec<String>, Option<f64>) {
     (problems, med)
 }
 
-/// The hosts whose links leave from or arrive at more than one interface.
+/// The hosts whose links leave from or arrive at more than one interface while one of their
+/// links is slow: the interfaces say where to look. Several interfaces alone are no problem: a
+/// ring of Macs cabled by Thunderbolt takes every cable on its own interface (a rank accepts
+/// from its left neighbour on one cable and connects to its right one on another), and two
+/// cables between two Macs are two interfaces by design.
 fn interfaces(rows: &mut [Row]) -> Vec<String> {
     use std::collections::BTreeMap;
     // rank -> interface -> (address, links)
@@ -295,7 +299,10 @@ fn interfaces(rows: &mut [Row]) -> Vec<String> {
     }
     let mut problems = Vec::new();
     for (rank, by_interface) in seen {
-        if by_interface.len() < 2 {
+        let on_a_slow_link = rows.iter().any(|row| {
+            (row.from == rank || row.to == rank) && row.flags.iter().any(|f| f.starts_with("slow"))
+        });
+        if by_interface.len() < 2 || !on_a_slow_link {
             continue;
         }
         let list: Vec<String> = by_interface
@@ -552,6 +559,20 @@ mod tests {
         );
         assert!(rows[1].flags.contains(&"interfaces".to_owned()));
         assert!(rows[1].flags.contains(&"slow forward".to_owned()));
+    }
+
+    #[test]
+    fn a_cabled_ring_whose_hosts_take_each_cable_on_its_own_interface_is_no_problem() {
+        // Rank r accepts from r−1 on one cable and connects to r+1 on another, at full rate.
+        let mut rows = ring(&[(940.0, 940.0), (940.0, 940.0), (940.0, 940.0)]);
+        for row in rows.iter_mut() {
+            if let Some(to) = row.measurement.as_mut().and_then(|m| m.to.as_mut()) {
+                to.interface = Some(format!("en{}", row.to + 10));
+            }
+        }
+        let (problems, _) = findings(&mut rows);
+        assert!(problems.is_empty(), "{problems:#?}");
+        assert!(rows.iter().all(|r| r.flags.is_empty()), "{rows:#?}");
     }
 
     #[test]
