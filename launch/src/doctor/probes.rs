@@ -129,10 +129,18 @@ impl Probes {
     }
 
     /// Files the lines received until `deadline`, or until rank `rank` has a JSON line
-    /// with `key` (returned) or has ended.
-    fn wait_for(&mut self, rank: usize, key: &str, deadline: Instant) -> Result<Value, String> {
+    /// with `key` whose value `wanted` accepts (returned) or has ended. Lines with `key` that
+    /// `wanted` refuses (a late answer to an earlier question) are dropped.
+    fn wait_for(
+        &mut self,
+        rank: usize,
+        key: &str,
+        deadline: Instant,
+        wanted: impl Fn(&Value) -> bool,
+    ) -> Result<Value, String> {
         loop {
             let pending = &mut self.pending[rank];
+            pending.retain(|v| v.get(key).is_none_or(&wanted));
             if let Some(v) = pending
                 .iter()
                 .position(|v| v.get(key).is_some())
@@ -189,7 +197,7 @@ impl Probes {
                 if self.children[rank].is_none() {
                     return Err(format!("the probe did not start{}", self.explain(rank)));
                 }
-                let v = self.wait_for(rank, "ready", deadline)?;
+                let v = self.wait_for(rank, "ready", deadline, |_| true)?;
                 serde_json::from_value(v).map_err(|e| format!("the probe's ready line: {e}"))
             })
             .collect()
@@ -203,14 +211,29 @@ impl Probes {
         deadline: Instant,
     ) -> Result<Measurement, String> {
         let Some(stdin) = self.stdins[rank].as_mut() else {
-            return Err("the probe did not start".to_owned());
+            return Err(
+                "the probe is not running (it did not start, or was stopped when a link overran)"
+                    .to_owned(),
+            );
         };
         writeln!(stdin, "{}", json!({ "measure": index }))
             .and_then(|()| stdin.flush())
             .map_err(|e| format!("telling the probe: {e}"))?;
-        let v = self.wait_for(rank, "measured", deadline)?;
-        serde_json::from_value(v["measurement"].clone())
-            .map_err(|e| format!("the probe's measurement: {e}"))
+        let this_link = |v: &Value| v["index"].as_u64() == Some(index as u64);
+        match self.wait_for(rank, "measured", deadline, this_link) {
+            Ok(v) => serde_json::from_value(v["measurement"].clone())
+                .map_err(|e| format!("the probe's measurement: {e}")),
+            Err(e) => {
+                // A probe that overran is still moving bytes: stopped, so that no two links
+                // are ever measured at once and no late answer is taken for another link's.
+                self.stdins[rank] = None;
+                if let Some(child) = self.children[rank].as_mut() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                Err(format!("{e}; the probe was stopped"))
+            }
+        }
     }
 
     /// Tells every probe to quit, gives them [`QUIT_WAIT`], then kills those still running.
