@@ -155,9 +155,19 @@ pub(crate) fn main(argv: Vec<OsString>) -> i32 {
     let invalid = |what: &str| {
         usage(&DoctorArgs::command().error(clap::error::ErrorKind::ValueValidation, what))
     };
-    let positive = |v: f64| v.is_finite() && v > 0.0;
-    if !positive(args.probe_seconds) || !positive(args.connect_timeout) {
-        return invalid("--probe-seconds and --connect-timeout take a positive number");
+    // Bounded so that every deadline and byte count derived from them fits: an hour per link,
+    // 1 TiB each way, a million round trips.
+    let seconds = |v: f64| v.is_finite() && v > 0.0 && v <= 3600.0;
+    if !seconds(args.probe_seconds) || !seconds(args.connect_timeout) {
+        return invalid(
+            "--probe-seconds and --connect-timeout take a number of seconds above 0, at most 3600",
+        );
+    }
+    if args.probe_mib == 0 || args.probe_mib > 1 << 20 {
+        return invalid("--probe-mib takes 1 to 1048576 (1 TiB)");
+    }
+    if args.pings > 1_000_000 {
+        return invalid("--pings takes at most 1000000");
     }
     let list = match hosts_of(args.hostfile.as_deref(), &args.hosts) {
         Ok(l) => l,
@@ -299,12 +309,14 @@ fn print_report(report: &report::Report, measured: bool, args: &DoctorArgs) {
 /// The job's plan with the probe as every rank's command, and the probe port offset: the
 /// number of ports the job uses.
 fn probe_plan(args: &DoctorArgs, backend: &str, list: HostList) -> Result<Plan, String> {
-    let span: i64 = if backend == "ring" {
-        list.hosts.iter().map(|h| h.ips.len() as i64).sum::<i64>() * args.connections_per_ip.max(1)
+    // In i128: a port or a count from the command line may be any i64.
+    let span: i128 = if backend == "ring" {
+        list.hosts.iter().map(|h| h.ips.len() as i128).sum::<i128>()
+            * i128::from(args.connections_per_ip.max(1))
     } else {
         1
     };
-    let last = args.starting_port + 2 * span - 1;
+    let last = i128::from(args.starting_port) + 2 * span - 1;
     if last > 65535 {
         return Err(format!(
             "the probes need ports up to {last} (the job's {} ports, then as many beside them), \
