@@ -447,12 +447,20 @@ fn first_failure(records: &[Record], ended: &[(usize, String)]) -> Option<String
         .collect();
     failed.sort_by_key(|(end, r, _)| (*end, *r));
     let erred: BTreeSet<usize> = failed.iter().map(|(_, r, _)| *r).collect();
-    let cause = failed.iter().find_map(|&(_, rank, op)| {
-        let error = op.error.as_deref()?;
-        let peer = blamed_peer(error)?;
-        (peer != rank && !erred.contains(&peer) && failure::blames_a_peer(&[error.to_owned()]))
-            .then_some(peer)
-    });
+    // Only while the failures, earliest first, are all consequences: a rank that failed on its
+    // own before them (a mismatch, its own deadline) is the first failure, whoever went
+    // silent after it (a rank the launcher then stopped leaves no record either).
+    let cause = failed
+        .iter()
+        .take_while(|(_, _, op)| {
+            op.error
+                .as_deref()
+                .is_some_and(|e| failure::blames_a_peer(&[e.to_owned()]))
+        })
+        .find_map(|&(_, rank, op)| {
+            let peer = blamed_peer(op.error.as_deref()?)?;
+            (peer != rank && !erred.contains(&peer)).then_some(peer)
+        });
     if let Some(peer) = cause {
         let blaming: Vec<(usize, &Op)> = failed
             .iter()
@@ -832,6 +840,23 @@ mod tests {
         let mut own = records.to_vec();
         own.push(failed_with(1, 9_000, "distributed: rank 1: out of memory"));
         let d = diagnose(&own, Some(4), &[], &[], Vec::new());
+        let last = d.findings.last().cloned().unwrap_or_default();
+        assert!(
+            last.starts_with("the first failure by time: rank 0, all_sum #1: "),
+            "{last}"
+        );
+    }
+
+    #[test]
+    fn a_rank_that_failed_on_its_own_first_stays_first_when_a_rank_stopped_after_it_left_no_record()
+    {
+        // Rank 0 failed on its own; the launcher then stopped the others: rank 2 left no
+        // record, and rank 3 recorded losing its connection to rank 2 before it was stopped.
+        let records = [
+            failed_with(0, 7_000, "distributed: rank 0: all_sum #1: out of memory"),
+            failed_with(3, 9_000, &closed_by(3, 2)),
+        ];
+        let d = diagnose(&records, Some(4), &[], &[], Vec::new());
         let last = d.findings.last().cloned().unwrap_or_default();
         assert!(
             last.starts_with("the first failure by time: rank 0, all_sum #1: "),
