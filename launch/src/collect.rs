@@ -161,10 +161,13 @@ impl RecordDir {
     /// [`FETCH_WAIT`] in all; with `remove`, the remote directory is removed after, once every
     /// copy has ended: hosts that share a file system (a home directory over NFS, or namespaces
     /// on one machine), or ranks that share a host, share the directory, so removing it with one
-    /// rank's copy would lose the others' records.
+    /// rank's copy would lose the others' records. A host where a copy ran out of time keeps
+    /// its directory (its records are still there to fetch by hand).
     pub(crate) fn fetch(&self, ranks: &[(usize, String)], remove: bool) {
         let dir = shell_quote(&self.remote);
-        let mut running: Vec<(usize, Child)> = Vec::new();
+        let mut running: Vec<(usize, &str, Child)> = Vec::new();
+        // Hosts where a copy was cut off: their directories stay.
+        let mut unfinished: Vec<&str> = Vec::new();
         for (rank, host) in ranks {
             let script = format!("cat {dir}/rank-{rank}.jsonl");
             let Ok(file) = std::fs::File::create(self.path.join(format!("rank-{rank}.jsonl.part")))
@@ -172,11 +175,11 @@ impl RecordDir {
                 continue;
             };
             if let Ok(child) = ssh(host, &script).stdout(Stdio::from(file)).spawn() {
-                running.push((*rank, child));
+                running.push((*rank, host.as_str(), child));
             }
         }
         let deadline = Instant::now() + FETCH_WAIT;
-        for (rank, mut child) in running {
+        for (rank, host, mut child) in running {
             let part = self.path.join(format!("rank-{rank}.jsonl.part"));
             let ok = loop {
                 match child.try_wait() {
@@ -188,6 +191,7 @@ impl RecordDir {
                     _ => {
                         let _ = child.kill();
                         let _ = child.wait();
+                        unfinished.push(host);
                         break false;
                     }
                 }
@@ -203,6 +207,7 @@ impl RecordDir {
             let mut hosts: Vec<&str> = ranks.iter().map(|(_, host)| host.as_str()).collect();
             hosts.sort_unstable();
             hosts.dedup();
+            hosts.retain(|host| !unfinished.contains(host));
             let removing: Vec<Child> = hosts
                 .into_iter()
                 .filter_map(|host| ssh(host, &format!("rm -rf {dir}")).spawn().ok())
