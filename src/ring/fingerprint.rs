@@ -13,7 +13,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..4 | magic `nuvW` |
-//! | 4 | version (1) |
+//! | 4 | version (2: byte 7 names the schedule; version 1 left it 0) |
 //! | 5 | the operation ([`Op`]) |
 //! | 6 | the dtype (its index in [`DTYPES`], 255 for bytes) |
 //! | 7 | the schedule ([`Schedule`]): 0 MLX's ring, 1 the relay |
@@ -54,8 +54,10 @@ pub const HEADER: usize = 32;
 /// The first bytes of a header.
 const MAGIC: &[u8; 4] = b"nuvW";
 
-/// The layout's version.
-const VERSION: u8 = 1;
+/// The layout's version: 2 since byte 7 names the schedule. A rank of version 1 (which left
+/// that byte 0 whatever its schedule) is refused as a header that is not this wire's, rather
+/// than trusted to have run the same schedule.
+const VERSION: u8 = 2;
 
 /// The dtype byte of an operation on raw bytes (all-gather, send, receive).
 const BYTES: u8 = 255;
