@@ -96,7 +96,41 @@ pub fn relays(reduce: bool, bytes: usize, ranks: usize) -> bool {
 
 /// The crossover this build was compiled with, if any (see [`relays`]).
 fn built_crossover() -> Option<usize> {
-    option_env!("NUVEC_DISTRIBUTED_RELAY_CROSSOVER").and_then(|bytes| bytes.parse().ok())
+    BUILT_CROSSOVER
+}
+
+/// `NUVEC_DISTRIBUTED_RELAY_CROSSOVER` as read when compiling: a value that is not a number of
+/// bytes fails the build rather than leave a measurement run on the default unawares.
+const BUILT_CROSSOVER: Option<usize> = match option_env!("NUVEC_DISTRIBUTED_RELAY_CROSSOVER") {
+    Some(bytes) => Some(parse_bytes(bytes)),
+    None => None,
+};
+
+/// `text` as a decimal number, at compile time.
+const fn parse_bytes(text: &str) -> usize {
+    let digits = text.as_bytes();
+    assert!(
+        !digits.is_empty(),
+        "NUVEC_DISTRIBUTED_RELAY_CROSSOVER is empty: give a number of bytes"
+    );
+    let mut value: usize = 0;
+    let mut i = 0;
+    while i < digits.len() {
+        let d = digits[i];
+        assert!(
+            d.is_ascii_digit(),
+            "NUVEC_DISTRIBUTED_RELAY_CROSSOVER takes a number of bytes, in decimal digits"
+        );
+        value = match value.checked_mul(10) {
+            Some(v) => match v.checked_add((d - b'0') as usize) {
+                Some(v) => v,
+                None => panic!("NUVEC_DISTRIBUTED_RELAY_CROSSOVER is too large"),
+            },
+            None => panic!("NUVEC_DISTRIBUTED_RELAY_CROSSOVER is too large"),
+        };
+        i += 1;
+    }
+    value
 }
 
 /// The number of steps of the relay over `ranks` ranks: ⌈(R−1)/2⌉.
