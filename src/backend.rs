@@ -135,11 +135,11 @@ impl RingGroup {
 /// its job agreed on.
 static GROUPS: Mutex<Vec<(Backend, Group, Wire)>> = Mutex::new(Vec::new());
 
-/// The wire the job of the group [`init`](crate::init) returned speaks: `Some(Wire::Nuvec)`
-/// or `Some(Wire::Mlx)` for a ring, as its ranks agreed during setup (what
-/// `NUVEC_DISTRIBUTED_WIRE` asked for is only a request: `auto` may end as either), always
-/// `Some(Wire::Mlx)` for JACCL (which has no other); `None` before `init` has connected a job
-/// of two or more ranks.
+/// The wire the job of the default group (the group [`init`](crate::init) connected last)
+/// speaks: `Some(Wire::Nuvec)` or `Some(Wire::Mlx)` for a ring, as its ranks agreed during
+/// setup (what `NUVEC_DISTRIBUTED_WIRE` asked for is only a request: `auto` may end as
+/// either), always `Some(Wire::Mlx)` for JACCL (which has no other); `None` before `init` has
+/// connected a job of two or more ranks.
 ///
 /// A `nuvec_core` group cannot be asked (its communicator is not reachable through it), so
 /// the answer is kept when `init` connects. Sub-groups made by `Group::split` speak their
@@ -149,7 +149,7 @@ pub fn wire() -> Option<Wire> {
     GROUPS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .first()
+        .last()
         .map(|(_, _, wire)| *wire)
 }
 
