@@ -33,7 +33,7 @@ fn busy(group: &Group, pause: Duration) {
     report(group, &x);
 }
 
-/// The last rank stops itself (SIGSTOP) at its second all_sum of 16 MiB, and a helper
+/// The last rank stops itself (SIGSTOP) before its second all_sum of 16 MiB, and a helper
 /// continues it after the pause.
 fn stopped(group: &Group, pause: Duration) {
     let x = ops::full([4usize << 20], 1.0f32);
@@ -49,10 +49,12 @@ fn stopped(group: &Group, pause: Duration) {
             .args(["-c", &cont])
             .spawn()
             .expect("run the helper that continues this rank");
-        #[allow(clippy::zombie_processes)]
+        // Waited for: the rank stops inside this wait, before its second all_sum sends a
+        // byte (a `kill` left to run on its own could stop it anywhere in the all_sum, after
+        // its first steps' bytes had gone, and the others would then wait on another rank).
         std::process::Command::new("kill")
             .args(["-STOP", &pid])
-            .spawn()
+            .status()
             .expect("run kill");
     }
     report(group, &x);
