@@ -363,6 +363,7 @@ trait Collectives {
     ) -> Result<(), nuvec_distributed::Error>;
     fn try_send(&self, dst: usize, data: &[u8]) -> Result<(), nuvec_distributed::Error>;
     fn try_recv(&self, src: usize, data: &mut [u8]) -> Result<(), nuvec_distributed::Error>;
+    fn flight_record(&self) -> Option<String>;
 }
 
 macro_rules! collectives {
@@ -393,6 +394,9 @@ macro_rules! collectives {
             ) -> Result<(), nuvec_distributed::Error> {
                 <$t>::try_recv(self, src, data)
             }
+            fn flight_record(&self) -> Option<String> {
+                <$t>::flight_record(self)
+            }
         }
     };
 }
@@ -404,6 +408,11 @@ collectives!(JacclCommunicator<F>);
 type RankLog = Vec<(Result<Vec<u8>, String>, Duration)>;
 
 fn run_rank(scenario: &Scenario, fabric: crate::SimFabric) -> RankLog {
+    run_rank_recorded(scenario, fabric).0
+}
+
+/// [`run_rank`], and the rank's flight record after its last operation.
+fn run_rank_recorded(scenario: &Scenario, fabric: crate::SimFabric) -> (RankLog, Option<String>) {
     let clock = fabric.clock();
     let rank = fabric.rank();
     let ranks = scenario.ranks;
@@ -454,7 +463,7 @@ fn run_rank(scenario: &Scenario, fabric: crate::SimFabric) -> RankLog {
         };
         log.push((result.map_err(|e| e.to_string()), clock.now() - start));
     }
-    log
+    (log, comm.flight_record())
 }
 
 /// What a scenario's check found wrong, if anything.
@@ -560,6 +569,26 @@ pub fn check(seed: u64, replay: bool) -> Result<(), Violation> {
         }
     }
     Ok(())
+}
+
+/// Runs the scenario of `seed` and returns each rank's flight record as its `rank-R.jsonl`
+/// would hold it: `None` for a rank that crashed (it leaves no record, as a killed process
+/// does) or panicked, or when the recorder is off. Times are virtual, from
+/// [`EPOCH_US`](crate::EPOCH_US), so one seed gives the same records.
+pub fn records(seed: u64) -> (Scenario, Vec<Option<String>>) {
+    let scenario = Scenario::from_seed(seed);
+    let report = scenario
+        .sim
+        .run(|fabric| run_rank_recorded(&scenario, fabric));
+    let records = report
+        .outcomes
+        .into_iter()
+        .map(|outcome| match outcome {
+            Outcome::Returned((_, record)) => record,
+            Outcome::Crashed | Outcome::Panicked(_) => None,
+        })
+        .collect();
+    (scenario, records)
 }
 
 /// Runs `count` scenarios from seed `first` on, replaying every `replay_every`-th one; returns

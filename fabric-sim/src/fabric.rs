@@ -18,6 +18,11 @@ use nuvec_distributed::fabric::{
 
 use crate::turn::Shared;
 
+/// The Unix time, in µs, that virtual time zero reads as in the flight recorder's records
+/// (2026-01-01 00:00:00 UTC): one clock for every rank, and the same records for the same
+/// seed.
+pub const EPOCH_US: u64 = 1_767_225_600_000_000;
+
 /// One rank's fabric in a simulated job.
 pub struct SimFabric {
     shared: Arc<Shared>,
@@ -172,6 +177,10 @@ impl Fabric for SimFabric {
 
     fn now(&self) -> Duration {
         self.shared.lock().now
+    }
+
+    fn epoch_us(&self) -> Option<u64> {
+        Some(EPOCH_US)
     }
 
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {

@@ -60,7 +60,7 @@ mod turn;
 mod uc;
 mod world;
 
-pub use fabric::{SimClock, SimFabric};
+pub use fabric::{EPOCH_US, SimClock, SimFabric};
 pub use fault::Fault;
 pub use report::{Outcome, Report};
 pub use sim::{SEED_VAR, Sim};

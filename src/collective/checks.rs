@@ -175,6 +175,7 @@ macro_rules! lifecycle_of_core {
                 &mut F,
                 &mut $scratch,
                 std::time::Duration,
+                u64,
             ) -> Result<(), $crate::fabric::FabricError>,
         ) -> Result<(), $crate::error::Error> {
             self.operate_call($crate::collective::record::Call::new(op, bytes), body)
@@ -188,6 +189,7 @@ macro_rules! lifecycle_of_core {
                 &mut F,
                 &mut $scratch,
                 std::time::Duration,
+                u64,
             ) -> Result<(), $crate::fabric::FabricError>,
         ) -> Result<(), $crate::error::Error> {
             self.core.operate(call, body)
@@ -215,6 +217,16 @@ macro_rules! lifecycle_of_core {
         /// (also printed at the `error` log level). Empty while the group is healthy.
         pub fn diagnosis(&self) -> Vec<String> {
             self.core.diagnosis()
+        }
+
+        /// This group's flight record as a rank's `rank-R.jsonl` holds it (see the README's
+        /// "When a job fails"), with this group as the job: its header names this group's
+        /// rank and size. Read without waiting for an operation in progress. For ranks that
+        /// share a process (the simulator), where the dump files cannot be told apart: write
+        /// each to `rank-R.jsonl` and `nuvec-launch diagnose` merges them. `None` when the
+        /// recorder is off (`NUVEC_DISTRIBUTED_RECORD=0`).
+        pub fn flight_record(&self) -> Option<String> {
+            self.core.flight_record()
         }
 
         /// Which peers are unreachable, checked without running a collective (it waits for an

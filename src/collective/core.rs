@@ -32,8 +32,8 @@ struct State<F, S> {
     fabric: Option<F>,
     /// Buffers the algorithms reuse (the ring's zero-padded copy of its small path, say).
     scratch: S,
-    /// The number of operations started so far.
-    seq: u64,
+    /// The operations' sequence numbers.
+    numbers: Numbers,
     /// The first failure, returned by every later call.
     failed: Option<Error>,
     /// The latest operations, `(sequence number, name, start on the fabric's clock)`, to say in
@@ -48,20 +48,56 @@ struct State<F, S> {
     record: Option<Record>,
 }
 
+/// The operations' sequence numbers, one numbering for everything that names an operation
+/// (errors, the warnings of a long wait, the flight record, the nuvec wire's fingerprints):
+/// collectives are numbered once for the group, since every rank takes part in each;
+/// sends and receives per peer, since rank 0 may send to rank 1 while rank 2 does nothing.
+/// So the same operation has the same number on every rank whose program is the same.
+struct Numbers {
+    collectives: u64,
+    sends: Vec<u64>,
+    recvs: Vec<u64>,
+}
+
+impl Numbers {
+    /// Numbers for a group of `size` ranks.
+    fn new(size: usize) -> Self {
+        Self {
+            collectives: 0,
+            sends: vec![0; size],
+            recvs: vec![0; size],
+        }
+    }
+
+    /// The number of `call`, counted.
+    fn next(&mut self, call: &Call) -> u64 {
+        let counter = match (call.op, call.peer) {
+            ("send", Some(p)) => self.sends.get_mut(p),
+            ("recv", Some(p)) => self.recvs.get_mut(p),
+            _ => Some(&mut self.collectives),
+        };
+        counter.map_or(0, |c| {
+            *c += 1;
+            *c - 1
+        })
+    }
+}
+
 /// How many operations [`State`] remembers for the diagnosis.
 const HISTORY: usize = 64;
 
 impl<F: Fabric, S> State<F, S> {
     /// A fresh state over `fabric`.
     fn new(rank: usize, mut fabric: F, scratch: S) -> Self {
-        let record = Record::new(rank, fabric.size(), record::capacity());
+        let record = Record::new(rank, fabric.size(), record::capacity(), fabric.epoch_us());
         if let Some(record) = &record {
             fabric.set_patience(record.patience());
         }
+        let numbers = Numbers::new(fabric.size());
         Self {
             fabric: Some(fabric),
             scratch,
-            seq: 0,
+            numbers,
             failed: None,
             history: std::collections::VecDeque::with_capacity(HISTORY),
             diagnosis: Vec::new(),
@@ -118,7 +154,7 @@ impl<F: Fabric, S> State<F, S> {
         log: &Log,
         running: &Running,
         call: Call,
-        body: impl FnOnce(&mut F, &mut S, Duration) -> Result<(), FabricError>,
+        body: impl FnOnce(&mut F, &mut S, Duration, u64) -> Result<(), FabricError>,
     ) -> Result<(), Error> {
         let Call { op, bytes, .. } = call;
         if let Some(first) = &self.failed {
@@ -128,8 +164,7 @@ impl<F: Fabric, S> State<F, S> {
                 first: Box::new(first.clone()),
             });
         }
-        let seq = self.seq;
-        self.seq += 1;
+        let seq = self.numbers.next(&call);
         let Some(fabric) = self.fabric.as_mut() else {
             return Err(Error::Closed { rank, op });
         };
@@ -140,7 +175,7 @@ impl<F: Fabric, S> State<F, S> {
         self.history.push_back((seq, op, start));
         if let Some(record) = self.record.as_mut() {
             let peers = (0..fabric.size()).filter(|&p| p != rank && fabric.links(p) > 0);
-            record.begin(&call, peers, start);
+            record.begin(&call, seq, peers, start);
         }
         // A zero timeout is none: the deadline never comes.
         let deadline = if timeout.is_zero() {
@@ -150,7 +185,7 @@ impl<F: Fabric, S> State<F, S> {
         };
         running.begin(seq, op, bytes, start, log.slow_after());
         fabric.begin_operation();
-        let result = body(fabric, &mut self.scratch, deadline);
+        let result = body(fabric, &mut self.scratch, deadline, seq);
         running.end();
         if result.is_ok()
             && let Some(record) = self.record.as_mut()
@@ -207,6 +242,8 @@ pub(crate) struct Core<F, S> {
     log: Log,
     /// The operation running, for the reports of a long wait.
     running: Running,
+    /// The flight record's reader (`None`: the recorder is off).
+    record: Option<record::Reader>,
     state: Mutex<State<F, S>>,
 }
 
@@ -218,12 +255,14 @@ impl<F: Fabric, S> Core<F, S> {
     }
 
     pub(crate) fn new(rank: usize, fabric: F, scratch: S, timeout: Duration) -> Self {
+        let state = State::new(rank, fabric, scratch);
         let core = Self {
             rank,
             timeout: std::sync::atomic::AtomicU64::new(0),
             log: Log::off(),
             running: Running::default(),
-            state: Mutex::new(State::new(rank, fabric, scratch)),
+            record: state.record.as_ref().map(Record::reader),
+            state: Mutex::new(state),
         };
         core.set_timeout(timeout);
         core
@@ -269,6 +308,10 @@ impl<F: Fabric, S> Core<F, S> {
         self.lock().diagnosis()
     }
 
+    pub(crate) fn flight_record(&self) -> Option<String> {
+        self.record.as_ref().map(record::Reader::text)
+    }
+
     pub(crate) fn health(&self) -> Vec<(usize, String)> {
         match self.lock().fabric.as_mut() {
             Some(fabric) => fabric.probe(),
@@ -298,7 +341,7 @@ impl<F: Fabric, S> Core<F, S> {
     pub(crate) fn operate(
         &self,
         call: Call,
-        body: impl FnOnce(&mut F, &mut S, Duration) -> Result<(), FabricError>,
+        body: impl FnOnce(&mut F, &mut S, Duration, u64) -> Result<(), FabricError>,
     ) -> Result<(), Error> {
         self.lock().operate(
             self.rank,
@@ -308,5 +351,37 @@ impl<F: Fabric, S> Core<F, S> {
             call,
             body,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collectives_are_numbered_per_group_and_sends_and_receives_per_peer() {
+        let mut numbers = Numbers::new(3);
+        let send = |peer| Call {
+            peer: Some(peer),
+            ..Call::new("send", 8)
+        };
+        let recv = |peer| Call {
+            peer: Some(peer),
+            ..Call::new("recv", 8)
+        };
+        let got: Vec<u64> = [
+            Call::new("all_sum", 4),
+            send(1),
+            send(1),
+            recv(1),
+            send(2),
+            Call::new("all_gather", 4),
+            Call::new("split", 4),
+            recv(1),
+        ]
+        .iter()
+        .map(|call| numbers.next(call))
+        .collect();
+        assert_eq!(got, vec![0, 0, 1, 0, 0, 1, 2, 1]);
     }
 }

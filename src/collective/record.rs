@@ -213,6 +213,9 @@ struct Ring {
     /// When, on the fabric's clock in nanoseconds, the running operation's wait is next
     /// noted ([`u64::MAX`]: no operation runs).
     due: AtomicU64,
+    /// Whether the fabric fixes its clock's epoch (the simulator): the wall clock then says
+    /// nothing of the record's times.
+    fixed_epoch: bool,
 }
 
 /// The writer's side of a group's record, held by its communicator core.
@@ -221,11 +224,6 @@ pub(crate) struct Record {
     /// Unix time in µs and the fabric's clock at the group's first operation: the record's
     /// times are the fabric's from there.
     base: Option<(u64, Duration)>,
-    /// The next collective's sequence number.
-    collectives: u64,
-    /// The next send's and receive's sequence number, per peer.
-    sends: Vec<u64>,
-    recvs: Vec<u64>,
 }
 
 /// The process's records, for dumps; the completed operations and when the last ended, for
@@ -282,8 +280,16 @@ fn now_us() -> u64 {
 
 impl Record {
     /// The record of a group in which this process is `rank` of `size`, keeping `capacity`
-    /// operations (`None` if 0), registered for dumps.
-    pub(crate) fn new(rank: usize, size: usize, capacity: usize) -> Option<Self> {
+    /// operations (`None` if 0), registered for dumps. `epoch_us`: the Unix time of the
+    /// fabric clock's zero when the fabric fixes it ([`Fabric::epoch_us`]).
+    ///
+    /// [`Fabric::epoch_us`]: crate::fabric::Fabric::epoch_us
+    pub(crate) fn new(
+        rank: usize,
+        size: usize,
+        capacity: usize,
+        epoch_us: Option<u64>,
+    ) -> Option<Self> {
         if capacity == 0 {
             return None;
         }
@@ -303,6 +309,7 @@ impl Record {
             errors: std::sync::Mutex::new(Vec::new()),
             running: AtomicU64::new(0),
             due: AtomicU64::new(u64::MAX),
+            fixed_epoch: epoch_us.is_some(),
         });
         let mut rings = registry
             .rings
@@ -314,11 +321,13 @@ impl Record {
         watch();
         Some(Self {
             ring,
-            base: None,
-            collectives: 0,
-            sends: vec![0; size],
-            recvs: vec![0; size],
+            base: epoch_us.map(|e| (e, Duration::ZERO)),
         })
+    }
+
+    /// A reader of this record that never waits for its writer.
+    pub(crate) fn reader(&self) -> Reader {
+        Reader(self.ring.clone())
     }
 
     /// What the fabric tells of a long wait, to note in this record.
@@ -338,19 +347,11 @@ impl Record {
     pub(crate) fn begin(
         &mut self,
         call: &Call,
+        seq: u64,
         peers: impl Iterator<Item = usize>,
         start: Duration,
     ) {
         let start_us = self.unix_us(start);
-        let counter = match (call.op, call.peer) {
-            ("send", Some(p)) => self.sends.get_mut(p),
-            ("recv", Some(p)) => self.recvs.get_mut(p),
-            _ => Some(&mut self.collectives),
-        };
-        let seq = counter.map_or(0, |c| {
-            *c += 1;
-            *c - 1
-        });
         // This record is the ring's one writer: a load and a store, no locked add.
         let index = self.ring.started.load(Ordering::Relaxed);
         self.ring.started.store(index + 1, Ordering::Relaxed);
@@ -475,6 +476,11 @@ impl Ring {
 
     /// One JSON line per recorded operation, appended to `out`.
     fn lines(&self, out: &mut String) -> u64 {
+        self.lines_as(out, &self.group)
+    }
+
+    /// [`lines`](Self::lines), naming the group `group`.
+    fn lines_as(&self, out: &mut String, group: &str) -> u64 {
         let (entries, dropped) = self.entries();
         let errors = self
             .errors
@@ -492,7 +498,7 @@ impl Ring {
                 .into_iter()
                 .collect();
             let line = serde_json::json!({
-                "group": self.group,
+                "group": group,
                 "group_rank": self.rank,
                 "group_size": self.size,
                 "seq": e.seq,
@@ -514,6 +520,45 @@ impl Ring {
             let _ = writeln!(out, "{line}");
         }
         dropped
+    }
+}
+
+/// One group's record, read from any thread without waiting for its operations.
+pub(crate) struct Reader(Arc<Ring>);
+
+impl Reader {
+    /// The group's record as a rank's file holds it (a header, then its operations), with the
+    /// group as the job: the header names its rank and size, its operations the group
+    /// `world`. For ranks that share a process (the simulator), whose process-wide dumps
+    /// cannot be told apart.
+    pub(crate) fn text(&self) -> String {
+        let ring = &self.0;
+        let mut body = String::new();
+        let dropped = ring.lines_as(&mut body, "world");
+        // On a fixed clock (virtual time) the record is as of its last event.
+        let at_us = if ring.fixed_epoch {
+            ring.entries()
+                .0
+                .iter()
+                .map(|e| e.end_us.max(e.start_us))
+                .max()
+                .unwrap_or(0)
+        } else {
+            now_us()
+        };
+        let header = serde_json::json!({
+            "record": 1,
+            "rank": ring.rank,
+            "size": ring.size,
+            "host": hostname(),
+            "pid": std::process::id(),
+            "reason": "request",
+            "request": null,
+            "at_us": at_us,
+            "capacity": ring.slots.len(),
+            "dropped": dropped,
+        });
+        format!("{header}\n{body}")
     }
 }
 

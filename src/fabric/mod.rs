@@ -472,6 +472,14 @@ pub trait Fabric {
     /// before the operation's first step. The default ignores it; the simulator counts
     /// operations to aim a fault at the k-th one.
     fn begin_operation(&mut self) {}
+
+    /// The Unix time, in µs, of [`Fabric::now`]'s zero, when the fabric fixes it. The flight
+    /// recorder turns the fabric's clock into Unix time with it; `None` (the default): from one
+    /// reading of the wall clock at a group's first operation. The simulator fixes one for all
+    /// its ranks, so that their records share one clock however the threads ran.
+    fn epoch_us(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for &mut F {
@@ -505,6 +513,9 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     fn begin_operation(&mut self) {
         (**self).begin_operation()
     }
+    fn epoch_us(&self) -> Option<u64> {
+        (**self).epoch_us()
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for Box<F> {
@@ -534,6 +545,12 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn set_patience(&mut self, patience: Box<dyn Patience>) {
         (**self).set_patience(patience)
+    }
+    fn begin_operation(&mut self) {
+        (**self).begin_operation()
+    }
+    fn epoch_us(&self) -> Option<u64> {
+        (**self).epoch_us()
     }
 }
 

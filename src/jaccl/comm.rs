@@ -161,7 +161,7 @@ impl<F: Fabric> JacclCommunicator<F> {
             dtype: Some(dtype),
             ..Call::new(name, data.len())
         };
-        self.operate_call(call, |fabric, scratch, deadline| match &self.layout {
+        self.operate_call(call, |fabric, scratch, deadline, _| match &self.layout {
             Layout::Mesh(m) => mesh::all_reduce(fabric, m, reducer, data, scratch, deadline),
             Layout::Ring(r) => ring::all_reduce(fabric, r, rule, reducer, data, scratch, deadline),
         })
@@ -187,7 +187,7 @@ impl<F: Fabric> JacclCommunicator<F> {
         self.operate(
             "all_gather",
             input.len(),
-            |fabric, scratch, deadline| match &self.layout {
+            |fabric, scratch, deadline, _| match &self.layout {
                 Layout::Mesh(m) => mesh::all_gather(fabric, m, input, output, scratch, deadline),
                 Layout::Ring(r) => {
                     ring::all_gather(fabric, r, rule, input, output, scratch, deadline)
@@ -221,7 +221,7 @@ impl<F: Fabric> JacclCommunicator<F> {
         self.operate(
             name,
             output.len(),
-            |fabric, scratch, deadline| match &self.layout {
+            |fabric, scratch, deadline, _| match &self.layout {
                 Layout::Mesh(m) => {
                     mesh::sum_scatter(fabric, m, reducer, input, output, scratch, deadline)
                 }
@@ -262,7 +262,7 @@ impl<F: Fabric> JacclCommunicator<F> {
             peer: Some(dst),
             ..Call::new("send", data.len())
         };
-        self.operate_call(call, |fabric, scratch, deadline| match &self.layout {
+        self.operate_call(call, |fabric, scratch, deadline, _| match &self.layout {
             Layout::Mesh(m) => mesh::send(fabric, m, dst, data, scratch, deadline),
             Layout::Ring(r) => ring::send(fabric, r, rule, dst, data, scratch, deadline),
         })
@@ -276,7 +276,7 @@ impl<F: Fabric> JacclCommunicator<F> {
             peer: Some(src),
             ..Call::new("recv", data.len())
         };
-        self.operate_call(call, |fabric, _, deadline| match &self.layout {
+        self.operate_call(call, |fabric, _, deadline, _| match &self.layout {
             Layout::Mesh(m) => mesh::recv(fabric, m, src, data, deadline),
             Layout::Ring(r) => ring::recv(fabric, r, rule, src, data, deadline),
         })

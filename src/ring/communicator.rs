@@ -55,7 +55,7 @@ impl<F: Fabric> RingCommunicator<F> {
         let ring = RingTopology::over(&fabric, conns, "ring");
         Self {
             ring,
-            core: Core::new(ring.rank(), fabric, RingState::new(ring.size()), timeout),
+            core: Core::new(ring.rank(), fabric, RingState::new(), timeout),
             splitter: None,
             wire: Wire::Mlx,
         }
@@ -105,20 +105,16 @@ impl<F: Fabric> RingCommunicator<F> {
             dtype: Some(dtype),
             ..Call::new(name, len)
         };
-        self.operate_call(call, |fabric, state, deadline| {
+        self.operate_call(call, |fabric, state, deadline, seq| {
             if ring.size() < 2 {
                 return Ok(());
             }
-            let RingState {
-                scratch,
-                headers,
-                seqs,
-            } = state;
+            let RingState { scratch, headers } = state;
             if self.wire == Wire::Mlx {
                 return algorithm::all_reduce(fabric, ring, reducer, data, scratch, None, deadline);
             }
             let relayed = relay::relays(true, len, ring.size());
-            let ours = seqs.collective(ring, Op::reduction(op), Some(dtype), len, relayed);
+            let ours = collective(ring, seq, Op::reduction(op), Some(dtype), len, relayed);
             if relayed {
                 relay::all_reduce(
                     fabric, ring, reducer, data, scratch, headers, &ours, deadline,
@@ -154,12 +150,12 @@ impl<F: Fabric> RingCommunicator<F> {
         )?;
         let ring = &self.ring;
         let name = op.name();
-        self.operate(name, input.len(), |fabric, state, deadline| {
+        self.operate(name, input.len(), |fabric, state, deadline, seq| {
             if self.wire == Wire::Mlx || ring.size() < 2 {
                 return algorithm::all_gather(fabric, ring, input, output, None, deadline);
             }
             let relayed = relay::relays(false, input.len(), ring.size());
-            let ours = state.seqs.collective(ring, op, None, input.len(), relayed);
+            let ours = collective(ring, seq, op, None, input.len(), relayed);
             if relayed {
                 relay::all_gather(
                     fabric,
@@ -205,11 +201,11 @@ impl<F: Fabric> RingCommunicator<F> {
             peer: Some(dst),
             ..Call::new("send", data.len())
         };
-        self.operate_call(call, |fabric, state, deadline| {
+        self.operate_call(call, |fabric, _, deadline, seq| {
             if self.wire == Wire::Mlx {
                 return algorithm::send(fabric, ring, dst, data, None, deadline);
             }
-            let ours = state.seqs.point_to_point(ring, Op::Send, dst, data.len());
+            let ours = point_to_point(ring, seq, Op::Send, dst, data.len());
             let side = schedule::send_side(ring.rank(), ring.size(), dst);
             let mut headers = side.map(|side| Headers::send(ring, side, ours));
             algorithm::send(fabric, ring, dst, data, headers.as_mut(), deadline)
@@ -224,11 +220,11 @@ impl<F: Fabric> RingCommunicator<F> {
             peer: Some(src),
             ..Call::new("recv", data.len())
         };
-        self.operate_call(call, |fabric, state, deadline| {
+        self.operate_call(call, |fabric, _, deadline, seq| {
             if self.wire == Wire::Mlx {
                 return algorithm::recv(fabric, ring, src, data, None, deadline);
             }
-            let ours = state.seqs.point_to_point(ring, Op::Recv, src, data.len());
+            let ours = point_to_point(ring, seq, Op::Recv, src, data.len());
             let side = schedule::recv_side(ring.rank(), ring.size(), src);
             let mut headers = side.map(|side| Headers::recv(ring, side, src, ours));
             algorithm::recv(fabric, ring, src, data, headers.as_mut(), deadline)
@@ -244,86 +240,53 @@ pub(crate) struct RingState {
     scratch: Vec<u8>,
     /// The relay's headers, one per rank.
     headers: Vec<u8>,
-    /// The nuvec wire's sequence numbers.
-    seqs: Seqs,
 }
 
 impl RingState {
-    fn new(ranks: usize) -> Self {
+    fn new() -> Self {
         Self {
             scratch: Vec::new(),
             headers: Vec::new(),
-            seqs: Seqs {
-                collectives: 0,
-                sends: vec![0; ranks],
-                recvs: vec![0; ranks],
-            },
         }
     }
 }
 
-/// The nuvec wire's sequence numbers (see [`fingerprint`](super::fingerprint)): collectives
-/// for the group, sends and receives per peer.
-struct Seqs {
-    collectives: u64,
-    sends: Vec<u64>,
-    recvs: Vec<u64>,
-}
-
-impl Seqs {
-    /// The fingerprint of this rank's next collective, `op` of `bytes` per rank (by the relay
-    /// when `relayed`), and counts it.
-    fn collective(
-        &mut self,
-        ring: &RingTopology,
-        op: Op,
-        dtype: Option<DType>,
-        bytes: usize,
-        relayed: bool,
-    ) -> Fingerprint {
-        let seq = self.collectives;
-        self.collectives += 1;
-        Fingerprint {
-            op,
-            dtype,
-            seq,
-            bytes: bytes as u64,
-            origin: ring.rank(),
-            peer: None,
-            schedule: if relayed {
-                Schedule::Relay
-            } else {
-                Schedule::Ring
-            },
-        }
-    }
-
-    /// The fingerprint of this rank's next `op` (send or receive) with `peer`, of `bytes`,
-    /// and counts it.
-    fn point_to_point(
-        &mut self,
-        ring: &RingTopology,
-        op: Op,
-        peer: usize,
-        bytes: usize,
-    ) -> Fingerprint {
-        let counts = if op == Op::Send {
-            &mut self.sends
+/// The fingerprint of this rank's collective number `seq`, `op` of `bytes` per rank (by the
+/// relay when `relayed`). The numbers are the communicator core's, the same that errors and
+/// the flight record show (see [`fingerprint`](super::fingerprint)).
+fn collective(
+    ring: &RingTopology,
+    seq: u64,
+    op: Op,
+    dtype: Option<DType>,
+    bytes: usize,
+    relayed: bool,
+) -> Fingerprint {
+    Fingerprint {
+        op,
+        dtype,
+        seq,
+        bytes: bytes as u64,
+        origin: ring.rank(),
+        peer: None,
+        schedule: if relayed {
+            Schedule::Relay
         } else {
-            &mut self.recvs
-        };
-        let seq = counts.get(peer).copied().unwrap_or(0);
-        if let Some(count) = counts.get_mut(peer) {
-            *count += 1;
-        }
-        Fingerprint {
-            op,
-            dtype: None,
-            seq,
-            bytes: bytes as u64,
-            origin: ring.rank(),
-            peer: Some(peer),
-            schedule: Schedule::Ring,
-        }
+            Schedule::Ring
+        },
+    }
+}
+
+/// The fingerprint of this rank's `op` (send or receive) number `seq` with `peer`, of
+/// `bytes`.
+fn point_to_point(ring: &RingTopology, seq: u64, op: Op, peer: usize, bytes: usize) -> Fingerprint {
+    Fingerprint {
+        op,
+        dtype: None,
+        seq,
+        bytes: bytes as u64,
+        origin: ring.rank(),
+        peer: Some(peer),
+        schedule: Schedule::Ring,
     }
 }

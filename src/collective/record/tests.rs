@@ -25,9 +25,14 @@ fn stall(peer: usize, done: usize) -> Stall {
 
 #[test]
 fn a_record_keeps_the_last_operations_oldest_first_and_counts_those_it_dropped() {
-    let mut record = Record::new(1, 11, 3).expect("a record");
+    let mut record = Record::new(1, 11, 3, None).expect("a record");
     for n in 0..5 {
-        record.begin(&Call::new("all_sum", n), [0, 2].into_iter(), Duration::ZERO);
+        record.begin(
+            &Call::new("all_sum", n),
+            n as u64,
+            [0, 2].into_iter(),
+            Duration::ZERO,
+        );
         record.end(None, Duration::ZERO);
     }
     let (entries, dropped) = record.ring.entries();
@@ -39,12 +44,12 @@ fn a_record_keeps_the_last_operations_oldest_first_and_counts_those_it_dropped()
             .iter()
             .all(|e| e.state == State::Done && e.peers == [0, 2])
     );
-    assert_eq!(Record::new(0, 2, 0).map(|_| ()), None);
+    assert_eq!(Record::new(0, 2, 0, None).map(|_| ()), None);
 }
 
 #[test]
-fn collectives_are_numbered_per_group_and_sends_and_receives_per_peer() {
-    let mut record = Record::new(0, 12, 16).expect("a record");
+fn a_send_or_receive_names_its_peer_and_a_collective_the_groups_peers() {
+    let mut record = Record::new(0, 12, 16, None).expect("a record");
     let send = |peer| Call {
         peer: Some(peer),
         ..Call::new("send", 8)
@@ -53,15 +58,14 @@ fn collectives_are_numbered_per_group_and_sends_and_receives_per_peer() {
         peer: Some(peer),
         ..Call::new("recv", 8)
     };
-    for call in [
-        Call::new("all_sum", 4),
-        send(1),
-        send(1),
-        recv(1),
-        send(2),
-        Call::new("all_gather", 4),
+    for (call, seq) in [
+        (Call::new("all_sum", 4), 0),
+        (send(1), 0),
+        (recv(1), 0),
+        (send(2), 0),
+        (Call::new("all_gather", 4), 1),
     ] {
-        record.begin(&call, [1, 11].into_iter(), Duration::ZERO);
+        record.begin(&call, seq, [1, 11].into_iter(), Duration::ZERO);
         record.end(None, Duration::ZERO);
     }
     let got: Vec<(&str, u64, Vec<u64>)> = record
@@ -76,7 +80,6 @@ fn collectives_are_numbered_per_group_and_sends_and_receives_per_peer() {
         vec![
             ("all_sum", 0, vec![1, 11]),
             ("send", 0, vec![1]),
-            ("send", 1, vec![1]),
             ("recv", 0, vec![1]),
             ("send", 0, vec![2]),
             ("all_gather", 1, vec![1, 11]),
@@ -86,14 +89,14 @@ fn collectives_are_numbered_per_group_and_sends_and_receives_per_peer() {
 
 #[test]
 fn a_waiting_operation_says_whom_it_waits_for_and_a_failed_one_its_error() {
-    let mut record = Record::new(2, 13, 8).expect("a record");
+    let mut record = Record::new(2, 13, 8, None).expect("a record");
     let mut noting = record.patience();
     assert_eq!(noting.due(), None);
     let call = Call {
         dtype: Some(DType::F32),
         ..Call::new("all_sum", 4096)
     };
-    record.begin(&call, [1, 3].into_iter(), Duration::from_secs(10));
+    record.begin(&call, 0, [1, 3].into_iter(), Duration::from_secs(10));
     assert_eq!(noting.due(), Some(Duration::from_secs(10) + NOTE_EVERY));
     noting.report(Duration::from_secs(11), &stall(3, 1000));
     assert_eq!(noting.due(), Some(Duration::from_secs(11) + NOTE_EVERY));
@@ -138,7 +141,7 @@ fn a_waiting_operation_says_whom_it_waits_for_and_a_failed_one_its_error() {
 
 #[test]
 fn a_reader_never_sees_a_slot_half_written() {
-    let mut record = Record::new(0, 14, 4).expect("a record");
+    let mut record = Record::new(0, 14, 4, None).expect("a record");
     let ring = record.ring.clone();
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -154,7 +157,12 @@ fn a_reader_never_sees_a_slot_half_written() {
             seen
         });
         for n in 0..200_000usize {
-            record.begin(&Call::new("all_max", n), [1].into_iter(), Duration::ZERO);
+            record.begin(
+                &Call::new("all_max", n),
+                n as u64,
+                [1].into_iter(),
+                Duration::ZERO,
+            );
             record.end(None, Duration::ZERO);
         }
         stop.store(true, Ordering::Relaxed);
@@ -166,7 +174,7 @@ fn a_reader_never_sees_a_slot_half_written() {
 fn a_request_in_the_directory_is_answered_once_with_its_id() {
     let dir = std::env::temp_dir().join(format!("nuvec-record-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory");
-    let _record = Record::new(0, 15, 4).expect("a record");
+    let _record = Record::new(0, 15, 4, None).expect("a record");
     let file = dir.join(format!("{}.jsonl", file_stem()));
     let mut look = Look::default();
     look.at(&dir);
@@ -187,4 +195,39 @@ fn a_request_in_the_directory_is_answered_once_with_its_id() {
     look.at(&dir);
     assert!(file.exists(), "a new request is answered");
     std::fs::remove_dir_all(&dir).expect("cleaned up");
+}
+
+#[test]
+fn on_a_fixed_epoch_a_groups_own_record_reads_the_fabric_clock_as_the_job_and_as_of_its_last_event()
+{
+    let epoch = 1_767_225_600_000_000;
+    let mut record = Record::new(2, 16, 4, Some(epoch)).expect("a record");
+    let reader = record.reader();
+    record.begin(
+        &Call::new("all_sum", 64),
+        0,
+        [1, 3].into_iter(),
+        Duration::from_micros(10),
+    );
+    record.end(None, Duration::from_micros(25));
+    record.begin(
+        &Call::new("all_gather", 8),
+        1,
+        [1, 3].into_iter(),
+        Duration::from_micros(40),
+    );
+    let text = reader.text();
+    let mut lines = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"));
+    let header = lines.next().expect("a header");
+    assert_eq!(header["rank"], 2);
+    assert_eq!(header["size"], 16);
+    assert_eq!(header["at_us"], epoch + 40);
+    let ops: Vec<serde_json::Value> = lines.collect();
+    assert_eq!(ops.len(), 2);
+    assert!(ops.iter().all(|o| o["group"] == "world"));
+    assert_eq!(ops[0]["start_us"], epoch + 10);
+    assert_eq!(ops[0]["end_us"], epoch + 25);
+    assert_eq!(ops[1]["state"], "running");
 }
