@@ -23,10 +23,19 @@
 //! - a rank behind the others ("rank 2 is at all_sum #5, the others at #6: rank 2 has not
 //!   joined all_sum #6");
 //! - a rank that is gone: no file, or (known to the launcher only) its process has exited;
+//! - a rank that was not running: it stayed in one operation longer than the others waited
+//!   before they timed out (a stopped or stalled process, a host asleep), see [`not_running`];
 //! - the first failure by time: the earliest `end_us` of a failed operation, with its error;
-//!   but when that error is a consequence naming a rank that recorded no error of its own (a
-//!   rank that panicked or was killed writes no record), that rank, with how it ended when
-//!   the launcher saw it.
+//!   but when that error is a consequence (a closed connection, a timeout) it is not the cause:
+//!   the cause is then a rank that was not running; else a rank the consequences name that
+//!   recorded no error of its own (a rank that panicked or was killed writes no record), with
+//!   how it ended when the launcher saw it; else the rank the blame leads to among failures at
+//!   the same time ([`follow_blame`]): two ranks blaming each other are the two ends of a link
+//!   (a cut cable), and a longer cycle of ranks each timing out on the next is said to be
+//!   untold rather than guessed.
+//!
+//! The fault campaign of the simulator checks these against thousands of seeded crashes,
+//! stalls and cuts (`tests/sim/campaign.rs`).
 //!
 //! Times: a running operation's wait is counted up to its record's `at_us` (when the rank
 //! wrote it), not to the moment the diagnosis is read, so that a record read hours later
@@ -306,7 +315,18 @@ pub(crate) fn diagnose(
              answer, or does not record"
         ));
     }
-    if let Some(f) = first_failure(records, ended) {
+    let late = not_running(records);
+    for l in &late {
+        findings.push(format!(
+            "rank {} was not running: its {} lasted {}, where the others timed out after {} \
+             (its process stopped or stalled, or its host slept)",
+            l.rank,
+            op_name(l.op),
+            duration(l.lasted_us),
+            duration(l.timeout_us)
+        ));
+    }
+    if let Some(f) = first_failure(records, ended, &late) {
         findings.push(f);
     }
     Diagnosis {
@@ -431,6 +451,91 @@ fn behind(rows: &[Row], findings: &mut Vec<String>) {
     }
 }
 
+/// A rank that stayed in one operation longer than its peers waited before they timed out.
+struct Late<'a> {
+    rank: usize,
+    op: &'a Op,
+    /// How long the operation lasted (to the record's time if still running), µs.
+    lasted_us: u64,
+    /// The longest wait of the others that ended in a timeout, µs.
+    timeout_us: u64,
+}
+
+/// Ranks that were not running while the others timed out waiting ([`Late`]). A rank in an
+/// operation has a deadline as every rank has (the job's timeout): it cannot stay in one past
+/// the others' timeouts unless it did not run (a stopped or stalled process, a host asleep),
+/// and then the others' timeouts, whichever peer each names, follow from it. A timeout is an
+/// error that says `timed out after D` having waited most of its operation (a rank that wakes
+/// past its deadline fails at once saying `timed out after 0ns`). Only operations that started
+/// before the first timeout count, and only those outlasting the longest timeout by more than
+/// 2 % and 50 ms.
+fn not_running(records: &[Record]) -> Vec<Late<'_>> {
+    let lasted = |r: &Record, o: &Op| {
+        o.end_us
+            .unwrap_or(r.header.at_us)
+            .saturating_sub(o.start_us)
+    };
+    let timeouts: Vec<(u64, u64)> = records
+        .iter()
+        .flat_map(|r| r.ops.iter().map(move |o| (r, o)))
+        .filter(|(_, o)| o.state == "failed")
+        .filter_map(|(r, o)| {
+            let waited = timed_out_after_us(o.error.as_deref()?)?;
+            let end = o.end_us?;
+            (waited.saturating_mul(2) >= lasted(r, o)).then_some((end, waited))
+        })
+        .collect();
+    let Some(first) = timeouts.iter().map(|&(end, _)| end).min() else {
+        return Vec::new();
+    };
+    let longest = timeouts.iter().map(|&(_, w)| w).max().unwrap_or(0);
+    let bound = longest + (longest / 50).max(50_000);
+    let mut late: Vec<Late<'_>> = records
+        .iter()
+        .filter_map(|r| {
+            r.ops
+                .iter()
+                .filter(|o| o.start_us < first)
+                .map(|o| (o, lasted(r, o)))
+                .filter(|&(_, us)| us > bound)
+                .max_by_key(|&(_, us)| us)
+                .map(|(op, lasted_us)| Late {
+                    rank: r.header.rank,
+                    op,
+                    lasted_us,
+                    timeout_us: longest,
+                })
+        })
+        .collect();
+    late.sort_by_key(|l| (l.op.start_us, l.rank));
+    late
+}
+
+/// The wait of an error that says `timed out after D` (D as Rust prints a duration: `30s`,
+/// `29.99988223s`, `1.5ms`, `250µs`, `0ns`), in µs.
+fn timed_out_after_us(error: &str) -> Option<u64> {
+    let at = error.find("timed out after ")? + "timed out after ".len();
+    let rest = &error[at..];
+    let number: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let value: f64 = number.parse().ok()?;
+    let unit = &rest[number.len()..];
+    let scale = if unit.starts_with("ns") {
+        1e-3
+    } else if unit.starts_with("µs") || unit.starts_with("us") {
+        1.0
+    } else if unit.starts_with("ms") {
+        1e3
+    } else if unit.starts_with('s') {
+        1e6
+    } else {
+        return None;
+    };
+    Some((value * scale) as u64)
+}
+
 /// The first failure: the earliest failed operation by `end_us`, unless the errors are
 /// consequences ([`failure::blames_a_peer`]: a closed connection, a silent link, the group
 /// failed earlier) naming a rank (`rank P link L`) that recorded no error of its own. Such a
@@ -438,7 +543,11 @@ fn behind(rows: &[Row], findings: &mut Vec<String>) {
 /// past a group that lives in the program's registry, a signal leaves no chance), so its
 /// neighbours' errors are the only failures on file and the earliest of them names a victim.
 /// `ended` says how ranks the launcher saw fail on their own ended ("exit code 101").
-fn first_failure(records: &[Record], ended: &[(usize, String)]) -> Option<String> {
+fn first_failure(
+    records: &[Record],
+    ended: &[(usize, String)],
+    late: &[Late<'_>],
+) -> Option<String> {
     let mut failed: Vec<(u64, usize, &Op)> = records
         .iter()
         .flat_map(|r| r.ops.iter().map(move |o| (r.header.rank, o)))
@@ -446,6 +555,35 @@ fn first_failure(records: &[Record], ended: &[(usize, String)]) -> Option<String
         .filter_map(|(r, o)| Some((o.end_us?, r, o)))
         .collect();
     failed.sort_by_key(|(end, r, _)| (*end, *r));
+    // A rank that was not running while the others timed out is the cause of their
+    // failures, whichever peer each names: the earliest to stop running.
+    if let (Some(l), Some(&(_, first, op))) = (late.first(), failed.first())
+        && op
+            .error
+            .as_deref()
+            .is_some_and(|e| failure::blames_a_peer(&[e.to_owned()]))
+    {
+        let mut ranks: Vec<usize> = failed
+            .iter()
+            .map(|(_, r, _)| *r)
+            .filter(|&r| r != l.rank)
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        if ranks.is_empty() {
+            return None;
+        }
+        return Some(format!(
+            "the first failure: rank {}, which was not running ({} lasted {}); {} failed in \
+             consequence (first rank {first}, {}: {})",
+            l.rank,
+            op_name(l.op),
+            duration(l.lasted_us),
+            ranks_text(&ranks),
+            op_name(op),
+            op.error.as_deref().unwrap_or_default()
+        ));
+    }
     let erred: BTreeSet<usize> = failed.iter().map(|(_, r, _)| *r).collect();
     // Only while the failures, earliest first, are all consequences: a rank that failed on its
     // own before them (a mismatch, its own deadline) is the first failure, whoever went
@@ -491,12 +629,101 @@ fn first_failure(records: &[Record], ended: &[(usize, String)]) -> Option<String
             op.error.as_deref().unwrap_or_default()
         ));
     }
-    let &(_, rank, op) = failed.first()?;
+    let &(end, rank, op) = failed.first()?;
+    // The earliest failure by the clocks may itself blame a peer that failed at the same
+    // time (clocks tick in µs, hosts' clocks differ): a rank whose link was cut closes its
+    // other links when it fails, and its other neighbour may stamp its own failure first. Follow
+    // such blame to the rank it ends at.
+    let (chain, cycle) = follow_blame(&failed, end, rank, op);
+    if let Some(at) = cycle {
+        let ring: Vec<usize> = chain[at..].iter().map(|(r, _)| *r).collect();
+        let (cause, cause_op) = chain[at];
+        let error = cause_op.error.as_deref().unwrap_or("(no error text)");
+        if let [a, b] = ring[..] {
+            // Two ranks that failed blaming each other: the link between them.
+            let (a, b) = (a.min(b), a.max(b));
+            return Some(format!(
+                "the first failure: the link between rank {a} and rank {b}, each failing at the \
+                 same time blaming the other (rank {cause}, {}: {error})",
+                op_name(cause_op)
+            ));
+        }
+        let mut sorted = ring.clone();
+        sorted.sort_unstable();
+        return Some(format!(
+            "the first failure cannot be told: {} failed at the same time each blaming the next \
+             in a cycle ({}), so the records do not say which of their links stopped first \
+             (rank {cause}, {}: {error})",
+            ranks_text(&sorted),
+            ring.iter()
+                .chain(ring.first())
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(" → "),
+            op_name(cause_op)
+        ));
+    }
+    if let Some(&(cause, cause_op)) = chain.last()
+        && chain.len() > 1
+    {
+        let mut before: Vec<usize> = chain[..chain.len() - 1].iter().map(|(r, _)| *r).collect();
+        before.sort_unstable();
+        before.dedup();
+        return Some(format!(
+            "the first failure: rank {cause}, {}: {}; {} failed at the same time in \
+             consequence, blaming it",
+            op_name(cause_op),
+            cause_op.error.as_deref().unwrap_or("(no error text)"),
+            ranks_text(&before)
+        ));
+    }
     Some(format!(
         "the first failure by time: rank {rank}, {}: {}",
         op_name(op),
         op.error.as_deref().unwrap_or("(no error text)")
     ))
+}
+
+/// How far apart two failures may be stamped and still be "at the same time": a failure that
+/// closes its links is seen by the peers within a round trip, and hosts' clocks differ by a
+/// few milliseconds.
+const SAME_TIME_US: u64 = 250_000;
+
+/// From the failure of `rank` (`op`, ended at `end`), the chain of failures each blaming the
+/// next one's rank as a consequence (a closed connection, a timeout naming `rank P link L`),
+/// while the blamed rank failed no later than [`SAME_TIME_US`] after its blamer and was not
+/// seen before: the first element is `rank`, the last the rank the blame ends at. When the
+/// last one blames a rank of the chain, the index of that rank: the chain closes in a cycle
+/// from there.
+fn follow_blame<'a>(
+    failed: &[(u64, usize, &'a Op)],
+    end: u64,
+    rank: usize,
+    op: &'a Op,
+) -> (Vec<(usize, &'a Op)>, Option<usize>) {
+    let mut chain = vec![(rank, op)];
+    let (mut end, mut op) = (end, op);
+    while let Some(error) = op.error.as_deref() {
+        if !failure::blames_a_peer(&[error.to_owned()]) {
+            break;
+        }
+        let Some(peer) = blamed_peer(error) else {
+            break;
+        };
+        if let Some(at) = chain.iter().position(|(r, _)| *r == peer) {
+            return (chain, Some(at));
+        }
+        // The blamed rank's earliest failure.
+        let Some(&(peer_end, _, peer_op)) = failed.iter().find(|(_, r, _)| *r == peer) else {
+            break;
+        };
+        if peer_end > end.saturating_add(SAME_TIME_US) {
+            break;
+        }
+        chain.push((peer, peer_op));
+        (end, op) = (peer_end, peer_op);
+    }
+    (chain, None)
 }
 
 /// The peer an error names as the other end of its failed transfer (`rank P link L`, as
@@ -836,15 +1063,138 @@ mod tests {
             last.starts_with("the first failure: rank 1, which recorded no error; "),
             "{last}"
         );
-        // A rank that recorded an error of its own is not inferred: the earliest stands.
+        // A rank that recorded an error of its own at the same time (its clock may stamp it
+        // after the errors of the peers it closed) is where the blame ends: its own error.
         let mut own = records.to_vec();
         own.push(failed_with(1, 9_000, "distributed: rank 1: out of memory"));
         let d = diagnose(&own, Some(4), &[], &[], Vec::new());
+        let last = d.findings.last().cloned().unwrap_or_default();
+        assert_eq!(
+            last,
+            "the first failure: rank 1, all_sum #1: distributed: rank 1: out of memory; rank 0 \
+             failed at the same time in consequence, blaming it"
+        );
+        // Much later, it is not inferred: the earliest stands.
+        let mut later = records.to_vec();
+        later.push(failed_with(
+            1,
+            7_000 + 2 * SAME_TIME_US,
+            "distributed: rank 1: out of memory",
+        ));
+        let d = diagnose(&later, Some(4), &[], &[], Vec::new());
         let last = d.findings.last().cloned().unwrap_or_default();
         assert!(
             last.starts_with("the first failure by time: rank 0, all_sum #1: "),
             "{last}"
         );
+    }
+
+    /// Rank `rank`'s all_sum #1, started at `T + start` and failed at `T + end` with `error`.
+    fn failed_between(rank: usize, start: u64, end: u64, error: &str) -> Record {
+        let mut r = failed_with(rank, end, error);
+        if let Some(op) = r.ops.last_mut() {
+            op.start_us = T + start;
+        }
+        r
+    }
+
+    /// Rank `rank`'s error for a wait on `peer` that timed out after `after` (as Rust prints
+    /// a duration).
+    fn timed_out(rank: usize, peer: usize, after: &str) -> String {
+        format!(
+            "distributed: rank {rank}: all_sum #1 (4 bytes) failed after 30.000s: receiving from \
+             rank {peer} link 0 (0 of 32 bytes): timed out after {after}"
+        )
+    }
+
+    #[test]
+    fn a_rank_in_one_operation_longer_than_the_others_waited_before_timing_out_is_the_cause() {
+        // Rank 2 stopped for 54 s inside all_sum #1; ranks 0, 1, 3 timed out after 30 s,
+        // rank 0 waiting on rank 3 (itself waiting on rank 2), and rank 2 failed when it woke.
+        let records = [
+            failed_between(0, 1_000, 30_001_000, &timed_out(0, 3, "29.99988223s")),
+            failed_between(1, 1_000, 30_001_100, &closed_by(1, 0)),
+            failed_between(2, 1_000, 54_001_000, &timed_out(2, 3, "0ns")),
+            failed_between(3, 1_000, 30_001_050, &timed_out(3, 2, "30s")),
+        ];
+        let d = diagnose(&records, Some(4), &[], &[], Vec::new());
+        assert!(
+            d.findings.iter().any(|f| f
+                == "rank 2 was not running: its all_sum #1 lasted 54.0 s, where the others timed \
+                    out after 30.0 s (its process stopped or stalled, or its host slept)"),
+            "{:?}",
+            d.findings
+        );
+        let last = d.findings.last().cloned().unwrap_or_default();
+        assert!(
+            last.starts_with(
+                "the first failure: rank 2, which was not running (all_sum #1 lasted 54.0 s); \
+                 ranks 0, 1, 3 failed in consequence (first rank 0, all_sum #1: "
+            ),
+            "{last}"
+        );
+        // Within the others' timeouts (2 % and 50 ms over), nobody is said not to have run.
+        let records = [
+            failed_between(0, 1_000, 30_001_000, &timed_out(0, 1, "30s")),
+            failed_between(1, 1_000, 30_500_000, &closed_by(1, 0)),
+        ];
+        let d = diagnose(&records, Some(2), &[], &[], Vec::new());
+        assert!(
+            !d.findings.iter().any(|f| f.contains("not running")),
+            "{:?}",
+            d.findings
+        );
+    }
+
+    #[test]
+    fn two_ranks_failing_at_once_blaming_each_other_name_their_link_and_a_longer_cycle_is_untold() {
+        // A cut between ranks 3 and 4: each end lost the other; rank 0, whose connection
+        // rank 4 then closed, stamped its failure first.
+        let records = [
+            failed_with(0, 7_000, &closed_by(0, 4)),
+            failed_with(3, 7_000, &closed_by(3, 4)),
+            failed_with(4, 7_001, &closed_by(4, 3)),
+        ];
+        let d = diagnose(&records, Some(5), &[], &[], Vec::new());
+        let last = d.findings.last().cloned().unwrap_or_default();
+        assert!(
+            last.starts_with(
+                "the first failure: the link between rank 3 and rank 4, each failing at the \
+                 same time blaming the other (rank 4, all_sum #1: "
+            ),
+            "{last}"
+        );
+        // Every rank timed out on the one before it: no record tells which link stopped.
+        let records = [
+            failed_with(0, 7_000, &timed_out(0, 2, "30s")),
+            failed_with(1, 7_000, &timed_out(1, 0, "30s")),
+            failed_with(2, 7_000, &timed_out(2, 1, "30s")),
+        ];
+        let d = diagnose(&records, Some(3), &[], &[], Vec::new());
+        let last = d.findings.last().cloned().unwrap_or_default();
+        assert!(
+            last.starts_with(
+                "the first failure cannot be told: ranks 0, 1, 2 failed at the same time each \
+                 blaming the next in a cycle (0 → 2 → 1 → 0)"
+            ),
+            "{last}"
+        );
+    }
+
+    #[test]
+    fn a_timeouts_wait_is_read_as_rust_prints_a_duration() {
+        let cases = [
+            ("timed out after 30s", Some(30_000_000)),
+            ("timed out after 29.99988223s", Some(29_999_882)),
+            ("timed out after 1.5ms", Some(1_500)),
+            ("timed out after 250µs", Some(250)),
+            ("timed out after 0ns", Some(0)),
+            ("timed out after soon", None),
+            ("the connection was closed by the peer", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(timed_out_after_us(text), want, "{text}");
+        }
     }
 
     #[test]
