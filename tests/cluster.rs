@@ -3,7 +3,8 @@
 //! mlx.launch, a mixed Python MLX and Rust job, JACCL mesh and ring over TCP and (feature
 //! `jaccl`) over the RDMA fabric on the software provider's TCP wire, a hostfile of host names,
 //! and the faults of a network: a pulled cable (ring, also under nuvec-launch, whose merged
-//! flight records name the cut host's rank; and JACCL over RDMA), a glitch shorter
+//! flight records name the cut host's rank; and JACCL over RDMA), Ctrl-C on a job stuck
+//! across hosts (the records fetched over ssh), a glitch shorter
 //! than the timeout, a slow host and a stranger during setup; and `nuvec-launch doctor` on a
 //! clean cluster (against iperf3), a host at a tenth of the rate, a host file address on a
 //! second, slower NIC, and a firewall dropping the ring's port.
@@ -83,6 +84,7 @@ fn a_cluster_rank_runs_its_role() {
     match std::env::var(ROLE).as_deref() {
         Ok("launched") => launched_rank(),
         Ok("launched-loop") => launched_loop_rank(),
+        Ok("stuck") => stuck_rank(),
         Ok("loop") => loop_rank(),
         Ok("stranger") => stranger(),
         _ => {}
@@ -111,6 +113,22 @@ fn launched_loop_rank() {
         }
         println!("ITER {i}");
     }
+}
+
+/// A launched rank that does one all_sum and prints `JOINED`; then rank 2 is stuck in its
+/// own code (a sleep of at most 60 s, as a deadlock would be) while the others wait for it in
+/// their second all_sum.
+fn stuck_rank() {
+    let group = nuvec_distributed::init(true).expect("the group");
+    let x = ops::full([1024usize], 1.0f32);
+    distributed::all_sum(&x, Some(&group))
+        .eval()
+        .expect("the first all_sum");
+    println!("JOINED");
+    if group.rank() == 2 {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    let _ = distributed::all_sum(&x, Some(&group)).eval();
 }
 
 /// An all_sum and an all_max of 4 MiB of float32 (past every frame and algorithm threshold),
@@ -864,6 +882,96 @@ fn a_cable_pulled_under_nuvec_launch_is_named_by_the_merged_records() {
     eprintln!(
         "MEASURED pulled cable under nuvec-launch:\n{}",
         ours.join("\n")
+    );
+}
+
+/// Ctrl-C across hosts: rank 2 of three hosts is stuck in its own code while ranks 0 and 1
+/// wait for it in all_sum #1. The first Ctrl-C has every rank's record written on its host and
+/// fetched over ssh, and prints where each rank is, rank 2 named as the one that has not
+/// joined; the second stops the job (exit 130) on every host.
+#[test]
+fn the_first_ctrl_c_across_hosts_prints_where_every_rank_is_and_the_second_stops_the_job() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    let dir = procs::scratch("ctrl-c-hosts");
+    let log = dir.join("launcher.log");
+    let mut args = strings(&[
+        "--hosts",
+        &c.host_list(&[0, 1, 2]),
+        "--backend",
+        "ring",
+        "--env",
+        &format!("{ROLE}=stuck"),
+        "--env",
+        &format!("{}={RANK_TEST}", procs::CHILD),
+        "--env",
+        "NUVEC_DISTRIBUTED_TIMEOUT=60",
+        "--",
+    ]);
+    args.extend(launched_argv());
+    let file = std::fs::File::create(&log).expect("a log");
+    let err = file.try_clone().expect("a log");
+    let child = launcher(&c, launcher::nuvec_launch(), &args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .expect("spawn the launcher");
+    let pid = child.id().to_string();
+    let logs = [log.clone()];
+    for r in 0..3 {
+        wait_for_line(
+            &logs,
+            &format!("[rank {r}] JOINED"),
+            Duration::from_secs(30),
+        );
+    }
+    let interrupt = || {
+        let status = Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -INT {pid}");
+    };
+    interrupt();
+    wait_for_line(
+        &logs,
+        "- rank 2 is at all_sum #0 (done), the others at #1: rank 2 has not joined all_sum #1",
+        Duration::from_secs(30),
+    );
+    interrupt();
+    let started = Instant::now();
+    let done = wait_all(vec![(child, log)], Duration::from_secs(30));
+    let (code, out, _) = &done[0];
+    assert_eq!(*code, Some(130), "{out}");
+    assert!(out.contains("3 of 3 answered"), "{out}");
+    for r in 0..2 {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(&format!("{r} ")) && l.contains("all_sum #1")),
+            "rank {r}'s row\n{out}"
+        );
+    }
+    // Every rank on every host is gone (the hosts share this machine's processes).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let left = loop {
+        let found = Command::new("pgrep")
+            .args(["-f", "ROLE=stuck|a_cluster_rank_runs_its_role"])
+            .output()
+            .expect("run pgrep");
+        let left = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+        if left.is_empty() || Instant::now() >= deadline {
+            break left;
+        }
+        // Polling for the ranks' end, bounded by the deadline.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(left, "", "ranks left running\n{out}");
+    eprintln!(
+        "MEASURED Ctrl-C across hosts, stopped {:.1} s after the second:\n{out}",
+        started.elapsed().as_secs_f64()
     );
 }
 
