@@ -2,8 +2,8 @@
 //! is started ([`crate::start::rank_command`]: directly for a local host, `ssh -tt HOST
 //! SCRIPT` with `mlx.launch`'s script otherwise, `--cwd` and `--env` included), reads their
 //! JSON lines, sends them their commands one at a time (so that no two links are measured at
-//! once and each link has the hosts' NICs to itself), and stops them. Every wait has a
-//! deadline.
+//! once and each link has the hosts' NICs to itself), and stops them; the same for the ranks
+//! of the all_sum sweep, which answer once. Every wait has a deadline.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::measure::Measurement;
 use super::probe::Ready;
+use super::sweep::Swept;
 use crate::plan::Plan;
 use crate::start::{TempFile, rank_command};
 
@@ -234,6 +235,20 @@ impl Probes {
                 Err(format!("{e}; the probe was stopped"))
             }
         }
+    }
+
+    /// Waits (until `deadline`) for every rank of the all_sum sweep (probes started with
+    /// `--sweep`) to say how it went.
+    pub(crate) fn swept(&mut self, deadline: Instant) -> Vec<Result<Swept, String>> {
+        (0..self.children.len())
+            .map(|rank| {
+                if self.children[rank].is_none() {
+                    return Err(format!("the probe did not start{}", self.explain(rank)));
+                }
+                let v = self.wait_for(rank, "swept", deadline, |_| true)?;
+                serde_json::from_value(v).map_err(|e| format!("the probe's sweep line: {e}"))
+            })
+            .collect()
     }
 
     /// Tells every probe to quit, gives them [`QUIT_WAIT`], then kills those still running.
