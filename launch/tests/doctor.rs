@@ -2,9 +2,14 @@
 //! hostfile lists a Wi-Fi address and an address on the Thunderbolt Bridge, a JACCL mesh whose
 //! RDMA interface has no IPv4 address and sits in a bridge that is up, and a clean ring; each
 //! run must print its expected report (`expected/*.txt`) and exit 1 on a problem, 0 without.
+//! Then the doctor measuring a ring of two ranks on this machine's loopback, its all_sum sweep
+//! included.
 
+use std::io::Read;
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 #[test]
 fn the_doctor_names_each_mistake_of_a_recorded_cluster_and_passes_a_clean_one() {
@@ -23,4 +28,114 @@ fn the_doctor_names_each_mistake_of_a_recorded_cluster_and_passes_a_clean_one() 
         assert_eq!(String::from_utf8_lossy(&out.stdout), expected, "{hostfile}");
         assert_eq!(out.status.code(), Some(code), "{hostfile}");
     }
+}
+
+/// `n` consecutive free loopback ports: the first is the system's choice, the next ones are
+/// checked free (all released before returning; another process could take one meanwhile).
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..100 {
+        let first = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let base = first.local_addr().expect("its address").port();
+        if u32::from(base) + u32::from(n) > 65535 {
+            continue;
+        }
+        let rest: Result<Vec<TcpListener>, _> = (1..n)
+            .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
+            .collect();
+        if rest.is_ok() {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free loopback ports");
+}
+
+#[test]
+fn the_doctor_sweeps_all_sum_over_a_ring_of_two_local_ranks_and_names_the_slowest_link() {
+    // The job's two ports, then the probes' two, where the sweep's ring connects.
+    let port = free_ports(4);
+    let svg = std::env::temp_dir().join(format!("nuvec-doctor-sweep-{}.svg", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nuvec-launch"))
+        .args([
+            "doctor",
+            "--hosts",
+            "127.0.0.1,127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--probe-mib",
+            "16",
+            "--probe-seconds",
+            "0.2",
+            "--pings",
+            "20",
+            "--sweep-seconds",
+            "3",
+            "--json",
+            "--svg",
+        ])
+        .arg(&svg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nuvec-launch runs");
+    let mut stdout = child.stdout.take().expect("its standard output");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        let _ = tx.send(text);
+    });
+    // The doctor bounds its own waits; this bounds the test should it not.
+    let out = rx.recv_timeout(Duration::from_secs(60));
+    if out.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("the doctor's exit");
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let out = out.unwrap_or_else(|_| panic!("the doctor ran over 60 s ({status}): {stderr}"));
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{stderr}"));
+    let sweep = &report["sweep"];
+    assert_eq!(sweep["problems"], serde_json::json!([]), "{sweep:#}");
+    assert_eq!(sweep["ranks"], 2, "{sweep:#}");
+    let rows = sweep["rows"].as_array().expect("the sweep's rows");
+    let sizes: Vec<u64> = rows.iter().filter_map(|r| r["bytes"].as_u64()).collect();
+    let skipped: Vec<u64> = sweep["skipped"]
+        .as_array()
+        .expect("the sizes skipped")
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .collect();
+    // The budget may leave out the largest sizes on a loaded machine, never the smallest.
+    assert!(sizes.first() == Some(&4096), "{sweep:#}");
+    let all: Vec<u64> = sizes.iter().chain(&skipped).copied().collect();
+    assert_eq!(
+        all,
+        [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20],
+        "{sweep:#}"
+    );
+    for r in rows {
+        assert!(
+            r["busbw_bps"].as_f64().is_some_and(|v| v > 0.0)
+                && r["iterations"].as_u64().is_some_and(|i| i >= 1),
+            "{r}"
+        );
+    }
+    assert!(
+        sweep["of_slowest"].as_f64().is_some_and(|v| v > 0.0),
+        "{sweep:#}"
+    );
+    assert!(
+        ["forward", "back"].contains(&sweep["slowest"]["direction"].as_str().unwrap_or("")),
+        "{sweep:#}"
+    );
+    let drawn = std::fs::read_to_string(&svg).expect("the SVG");
+    let _ = std::fs::remove_file(&svg);
+    assert!(
+        drawn.contains("busbw") && drawn.contains("of the slowest link direction"),
+        "{drawn}"
+    );
 }
