@@ -40,7 +40,7 @@
 //!
 //! Last (not with `--no-sweep`, and for the ring backend only: JACCL's RDMA is not swept), the
 //! job as a whole: an all_sum sweep of float32 from 4 KiB to 64 MiB within `--sweep-seconds`
-//! ([`sweep`], the pacing, busbw and the verdict; [`sweep_rank`], a rank of it). The probes
+//! ([`mod@sweep`], the pacing, busbw and the verdict; [`sweep_rank`], a rank of it). The probes
 //! are started again, as the ranks of the job, with `--sweep`: each connects this crate's ring
 //! over the job's host file on the probe ports, as a job's rank connects it on the job's, and
 //! rank 0 reports per size the slowest rank's time and the busbw. The largest size's busbw is

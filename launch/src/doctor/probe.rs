@@ -208,7 +208,11 @@ pub(crate) fn main(argv: Vec<std::ffi::OsString>) -> i32 {
             return 2;
         }
     };
-    let lifetime = seconds(args.lifetime);
+    let mut lifetime = seconds(args.lifetime);
+    if args.sweep {
+        // A sweep ends by itself within its setup, its budget and one operation beyond it.
+        lifetime = lifetime.max(2 * (super::sweep_rank::SETUP + seconds(args.sweep_seconds)));
+    }
     std::thread::spawn(move || {
         // The probe's bound: a doctor that died without closing our input ends us here.
         std::thread::sleep(lifetime);
