@@ -3,7 +3,7 @@
 //! RDMA interface has no IPv4 address and sits in a bridge that is up, and a clean ring; each
 //! run must print its expected report (`expected/*.txt`) and exit 1 on a problem, 0 without.
 //! Then the doctor measuring a ring of two ranks on this machine's loopback, its all_sum sweep
-//! included.
+//! included, and the same when the sweep's ring cannot form.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -49,30 +49,12 @@ fn free_ports(n: u16) -> u16 {
     panic!("no {n} consecutive free loopback ports");
 }
 
-#[test]
-fn the_doctor_sweeps_all_sum_over_a_ring_of_two_local_ranks_and_names_the_slowest_link() {
-    // The job's two ports, then the probes' two, where the sweep's ring connects.
-    let port = free_ports(4);
-    let svg = std::env::temp_dir().join(format!("nuvec-doctor-sweep-{}.svg", std::process::id()));
+/// Runs `nuvec-launch doctor ARGS` and returns its standard output and exit code, bounded by
+/// a minute (the doctor bounds its own waits; this bounds the test should it not).
+fn doctor(args: &[&str]) -> (String, Option<i32>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_nuvec-launch"))
-        .args([
-            "doctor",
-            "--hosts",
-            "127.0.0.1,127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--probe-mib",
-            "16",
-            "--probe-seconds",
-            "0.2",
-            "--pings",
-            "20",
-            "--sweep-seconds",
-            "3",
-            "--json",
-            "--svg",
-        ])
-        .arg(&svg)
+        .arg("doctor")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -85,7 +67,6 @@ fn the_doctor_sweeps_all_sum_over_a_ring_of_two_local_ranks_and_names_the_slowes
         let _ = stdout.read_to_string(&mut text);
         let _ = tx.send(text);
     });
-    // The doctor bounds its own waits; this bounds the test should it not.
     let out = rx.recv_timeout(Duration::from_secs(60));
     if out.is_err() {
         let _ = child.kill();
@@ -96,8 +77,83 @@ fn the_doctor_sweeps_all_sum_over_a_ring_of_two_local_ranks_and_names_the_slowes
         let _ = e.read_to_string(&mut stderr);
     }
     let out = out.unwrap_or_else(|_| panic!("the doctor ran over 60 s ({status}): {stderr}"));
+    (out, status.code())
+}
+
+#[test]
+fn a_sweep_whose_ring_cannot_form_is_a_problem_in_the_librarys_words_and_ends_soon() {
+    let port = free_ports(4);
+    // Rank 1's probe port, where its sweep's ring would listen, held by another program
+    // that takes every connection and closes it at once.
+    let taken = port + 3;
+    let holder = TcpListener::bind(("127.0.0.1", taken)).expect("the port taken");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = stop.clone();
+    let closer = std::thread::spawn(move || {
+        for stream in holder.incoming() {
+            drop(stream);
+            if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let (out, code) = doctor(&[
+        "--hosts",
+        "127.0.0.1,127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--probe-seconds",
+        "0.2",
+        "--pings",
+        "20",
+        "--sweep-seconds",
+        "2",
+    ]);
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    // The one connection that wakes the closer's accept.
+    let _ = std::net::TcpStream::connect(("127.0.0.1", taken));
+    let _ = closer.join();
+    assert_eq!(code, Some(1), "{out}");
+    let said = format!(
+        "PROBLEM: the all_sum sweep on rank 1: distributed: rank 1: cannot listen on \
+         127.0.0.1:{taken}"
+    );
+    assert!(out.contains(&said), "{out}");
+    assert!(
+        out.contains("PROBLEM: the all_sum sweep on rank 0: "),
+        "{out}"
+    );
+    // Rank 0 is not waited for to the end of its ring's setup (30 s and the budget).
+    assert!(took < Duration::from_secs(25), "{took:?}\n{out}");
+}
+
+#[test]
+fn the_doctor_sweeps_all_sum_over_a_ring_of_two_local_ranks_and_names_the_slowest_link() {
+    // The job's two ports, then the probes' two, where the sweep's ring connects.
+    let port = free_ports(4);
+    let svg = std::env::temp_dir().join(format!("nuvec-doctor-sweep-{}.svg", std::process::id()));
+    let svg_arg = svg.display().to_string();
+    let (out, _) = doctor(&[
+        "--hosts",
+        "127.0.0.1,127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--probe-mib",
+        "16",
+        "--probe-seconds",
+        "0.2",
+        "--pings",
+        "20",
+        "--sweep-seconds",
+        "3",
+        "--json",
+        "--svg",
+        &svg_arg,
+    ]);
     let report: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{stderr}"));
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let sweep = &report["sweep"];
     assert_eq!(sweep["problems"], serde_json::json!([]), "{sweep:#}");
     assert_eq!(sweep["ranks"], 2, "{sweep:#}");
