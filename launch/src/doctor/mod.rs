@@ -394,8 +394,6 @@ fn probe_plan(args: &DoctorArgs, backend: &str, list: HostList) -> Result<Plan, 
         args.pings.to_string(),
         "--connect-timeout".to_owned(),
         args.connect_timeout.to_string(),
-        "--sweep-seconds".to_owned(),
-        args.sweep_seconds.to_string(),
     ];
     let launch = Args {
         verbose: false,
@@ -428,7 +426,12 @@ fn not_run(why: &str) -> sweep::Sweep {
 /// waits for each one's outcome.
 fn sweep(plan: &Plan, seconds: f64, links: &[report::Row]) -> sweep::Sweep {
     let mut plan = plan.clone();
-    plan.command.push("--sweep".to_owned());
+    // Only here: a `--probe-program` that predates the sweep still measures the links.
+    plan.command.extend([
+        "--sweep".to_owned(),
+        "--sweep-seconds".to_owned(),
+        seconds.to_string(),
+    ]);
     let budget = secs(seconds);
     // The ssh logins, setup, the budget, and one operation that overruns it (the ranks bound
     // setup and every operation by `sweep_rank::SETUP` plus the budget).
