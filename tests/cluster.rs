@@ -6,8 +6,9 @@
 //! flight records name the cut host's rank; and JACCL over RDMA), Ctrl-C on a job stuck
 //! across hosts (the records fetched over ssh), a glitch shorter
 //! than the timeout, a slow host and a stranger during setup; and `nuvec-launch doctor` on a
-//! clean cluster (against iperf3), a host at a tenth of the rate, a host file address on a
-//! second, slower NIC, and a firewall dropping the ring's port.
+//! clean cluster (against iperf3, its all_sum sweep against the slowest link), a host at a
+//! tenth of the rate (the sweep names one of its links), a host file address on a second,
+//! slower NIC, and a firewall dropping the ring's port.
 //!
 //! Runs as root (CI); elsewhere every test prints why it skips, but under `CI=true` a cluster
 //! that cannot be made fails. One cluster at a time: every test holds [`exclusive`]. The
@@ -1564,7 +1565,8 @@ fn a_cluster_is_held_while_the_hold_file_exists() {
 }
 
 /// `nuvec-launch doctor ARGS...` run on host 0 with the cluster's ssh, its links measured
-/// briefly (64 MiB or 0.5 s each way, 100 round trips, connects bounded by 1 s).
+/// briefly (64 MiB or 0.5 s each way, 100 round trips, connects bounded by 1 s), its all_sum
+/// sweep within 2 s.
 fn doctor(c: &Cluster, args: &[&str]) -> Ran {
     let mut full = strings(&[
         "doctor",
@@ -1576,6 +1578,8 @@ fn doctor(c: &Cluster, args: &[&str]) -> Ran {
         "100",
         "--connect-timeout",
         "1",
+        "--sweep-seconds",
+        "2",
     ]);
     full.extend(strings(args));
     run(
@@ -1630,7 +1634,8 @@ fn the_doctor_measures_every_link_of_a_clean_cluster_within_ten_percent_of_iperf
     };
     let svg = procs::scratch("doctor-clean").join("links.svg");
     let svg_arg = svg.display().to_string();
-    // 128 MiB or 1 s each way, as iperf3's stream runs long enough to leave slow start.
+    // 128 MiB or 1 s each way, as iperf3's stream runs long enough to leave slow start; the
+    // sweep gets the time for a few 64 MiB all_sums at 1 Gbit/s (about 1 s each).
     let done = doctor(
         &c,
         &[
@@ -1643,6 +1648,8 @@ fn the_doctor_measures_every_link_of_a_clean_cluster_within_ten_percent_of_iperf
             "128",
             "--probe-seconds",
             "1",
+            "--sweep-seconds",
+            "5",
         ],
     );
     assert_eq!(done.code, Some(0), "{}", done.describe());
@@ -1675,9 +1682,39 @@ fn the_doctor_measures_every_link_of_a_clean_cluster_within_ten_percent_of_iperf
         }
     }
     assert!(off.is_empty(), "more than 10 % from iperf3: {off:#?}");
+    // The sweep: every size within the budget, the largest at a sane fraction of the slowest
+    // link direction (loosely: the machine is shared).
+    let sweep = &report["sweep"];
+    assert_eq!(sweep["problems"], serde_json::json!([]), "{sweep:#}");
+    let rows = sweep["rows"].as_array().expect("the sweep's rows");
+    for r in rows {
+        let (bytes, bps) = (&r["bytes"], r["busbw_bps"].as_f64().unwrap_or_default());
+        eprintln!(
+            "MEASURED doctor sweep {bytes} bytes: {:.0} Mbit/s busbw, {} iterations, {:.2} ms",
+            bps / 1e6,
+            r["iterations"],
+            r["seconds"].as_f64().unwrap_or_default() * 1e3
+        );
+        assert!(bps > 0.0, "{r}");
+    }
+    assert!(
+        rows.iter().filter_map(|r| r["bytes"].as_u64()).max() >= Some(16 << 20),
+        "{sweep:#}"
+    );
+    let fraction = sweep["of_slowest"].as_f64().unwrap_or_default();
+    eprintln!(
+        "MEASURED doctor sweep: the largest size's busbw is {:.0} % of the slowest link \
+         direction ({} {}, {:.0} Mbit/s)",
+        fraction * 100.0,
+        sweep["slowest"]["link"],
+        sweep["slowest"]["direction"],
+        sweep["slowest"]["bps"].as_f64().unwrap_or_default() / 1e6
+    );
+    assert!(fraction > 0.3, "{sweep:#}");
     let drawn = std::fs::read_to_string(&svg).expect("the SVG");
     assert_eq!(drawn.matches("<line").count(), 4, "{drawn}");
     assert_eq!(drawn.matches("<circle").count(), 4, "{drawn}");
+    assert!(drawn.contains("of the slowest link direction"), "{drawn}");
 }
 
 #[test]
@@ -1710,6 +1747,16 @@ fn the_doctor_names_the_host_whose_nic_runs_at_a_tenth() {
             done.stdout
         );
     }
+    // The sweep sets its busbw against one of host 3's directions, the slowest.
+    assert!(
+        ["(2→3 forward", "(2→3 back", "(3→0 forward", "(3→0 back"]
+            .iter()
+            .any(|l| done
+                .stdout
+                .contains(&format!("of the slowest link direction {l}"))),
+        "{}",
+        done.stdout
+    );
 }
 
 #[test]

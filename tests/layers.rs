@@ -18,7 +18,7 @@ const LAYERS: [&[&str]; 9] = [
 ];
 
 /// Files of `src/` that are not part of the library's layers: none (the launcher is the crate
-/// `launch/`, which uses nothing of this one).
+/// `launch/`, which uses only this one's public API, for the doctor's sweep).
 const OUTSIDE: [&str; 0] = [];
 
 /// The layer of a top-level module name; names that are no module (the crate's re-exports and

@@ -74,8 +74,9 @@ NUVEC_DISTRIBUTED_RECORD_DIR).
 
 `nuvec-launch config` plans a cluster's Thunderbolt cabling and writes its host file, as
 mlx.distributed_config does (`nuvec-launch config --help`); `nuvec-launch doctor` checks each
-host against a host file and measures every link of the job's topology, latency, bandwidth
-each way and the interface it goes over (`nuvec-launch doctor --help`)."
+host against a host file, measures every link of the job's topology, latency, bandwidth
+each way and the interface it goes over, then runs an all_sum sweep of the whole job with the
+slowest link named (`nuvec-launch doctor --help`)."
 )]
 pub(crate) struct Args {
     /// Print debug messages (what is launched, each rank's end) on stderr, and set

@@ -2,9 +2,14 @@
 //! hostfile lists a Wi-Fi address and an address on the Thunderbolt Bridge, a JACCL mesh whose
 //! RDMA interface has no IPv4 address and sits in a bridge that is up, and a clean ring; each
 //! run must print its expected report (`expected/*.txt`) and exit 1 on a problem, 0 without.
+//! Then the doctor measuring a ring of two ranks on this machine's loopback, its all_sum sweep
+//! included, and the same when the sweep's ring cannot form.
 
+use std::io::Read;
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 #[test]
 fn the_doctor_names_each_mistake_of_a_recorded_cluster_and_passes_a_clean_one() {
@@ -23,4 +28,170 @@ fn the_doctor_names_each_mistake_of_a_recorded_cluster_and_passes_a_clean_one() 
         assert_eq!(String::from_utf8_lossy(&out.stdout), expected, "{hostfile}");
         assert_eq!(out.status.code(), Some(code), "{hostfile}");
     }
+}
+
+/// `n` consecutive free loopback ports: the first is the system's choice, the next ones are
+/// checked free (all released before returning; another process could take one meanwhile).
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..100 {
+        let first = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let base = first.local_addr().expect("its address").port();
+        if u32::from(base) + u32::from(n) > 65535 {
+            continue;
+        }
+        let rest: Result<Vec<TcpListener>, _> = (1..n)
+            .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
+            .collect();
+        if rest.is_ok() {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free loopback ports");
+}
+
+/// Runs `nuvec-launch doctor ARGS` and returns its standard output and exit code, bounded by
+/// a minute (the doctor bounds its own waits; this bounds the test should it not).
+fn doctor(args: &[&str]) -> (String, Option<i32>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nuvec-launch"))
+        .arg("doctor")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nuvec-launch runs");
+    let mut stdout = child.stdout.take().expect("its standard output");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        let _ = tx.send(text);
+    });
+    let out = rx.recv_timeout(Duration::from_secs(60));
+    if out.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("the doctor's exit");
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let out = out.unwrap_or_else(|_| panic!("the doctor ran over 60 s ({status}): {stderr}"));
+    (out, status.code())
+}
+
+#[test]
+fn a_sweep_whose_ring_cannot_form_is_a_problem_in_the_librarys_words_and_ends_soon() {
+    let port = free_ports(4);
+    // Rank 1's probe port, where its sweep's ring would listen, held by another program
+    // that takes every connection and closes it at once.
+    let taken = port + 3;
+    let holder = TcpListener::bind(("127.0.0.1", taken)).expect("the port taken");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = stop.clone();
+    let closer = std::thread::spawn(move || {
+        for stream in holder.incoming() {
+            drop(stream);
+            if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let (out, code) = doctor(&[
+        "--hosts",
+        "127.0.0.1,127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--probe-seconds",
+        "0.2",
+        "--pings",
+        "20",
+        "--sweep-seconds",
+        "2",
+    ]);
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    // The one connection that wakes the closer's accept.
+    let _ = std::net::TcpStream::connect(("127.0.0.1", taken));
+    let _ = closer.join();
+    assert_eq!(code, Some(1), "{out}");
+    let said = format!(
+        "PROBLEM: the all_sum sweep on rank 1: distributed: rank 1: cannot listen on \
+         127.0.0.1:{taken}"
+    );
+    assert!(out.contains(&said), "{out}");
+    assert!(
+        out.contains("PROBLEM: the all_sum sweep on rank 0: "),
+        "{out}"
+    );
+    // Rank 0 is not waited for to the end of its ring's setup (30 s and the budget).
+    assert!(took < Duration::from_secs(25), "{took:?}\n{out}");
+}
+
+#[test]
+fn the_doctor_sweeps_all_sum_over_a_ring_of_two_local_ranks_and_names_the_slowest_link() {
+    // The job's two ports, then the probes' two, where the sweep's ring connects.
+    let port = free_ports(4);
+    let svg = std::env::temp_dir().join(format!("nuvec-doctor-sweep-{}.svg", std::process::id()));
+    let svg_arg = svg.display().to_string();
+    let (out, _) = doctor(&[
+        "--hosts",
+        "127.0.0.1,127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--probe-mib",
+        "16",
+        "--probe-seconds",
+        "0.2",
+        "--pings",
+        "20",
+        "--sweep-seconds",
+        "3",
+        "--json",
+        "--svg",
+        &svg_arg,
+    ]);
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let sweep = &report["sweep"];
+    assert_eq!(sweep["problems"], serde_json::json!([]), "{sweep:#}");
+    assert_eq!(sweep["ranks"], 2, "{sweep:#}");
+    let rows = sweep["rows"].as_array().expect("the sweep's rows");
+    let sizes: Vec<u64> = rows.iter().filter_map(|r| r["bytes"].as_u64()).collect();
+    let skipped: Vec<u64> = sweep["skipped"]
+        .as_array()
+        .expect("the sizes skipped")
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .collect();
+    // The budget may leave out the largest sizes on a loaded machine, never the smallest.
+    assert!(sizes.first() == Some(&4096), "{sweep:#}");
+    let all: Vec<u64> = sizes.iter().chain(&skipped).copied().collect();
+    assert_eq!(
+        all,
+        [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20],
+        "{sweep:#}"
+    );
+    for r in rows {
+        assert!(
+            r["busbw_bps"].as_f64().is_some_and(|v| v > 0.0)
+                && r["iterations"].as_u64().is_some_and(|i| i >= 1),
+            "{r}"
+        );
+    }
+    assert!(
+        sweep["of_slowest"].as_f64().is_some_and(|v| v > 0.0),
+        "{sweep:#}"
+    );
+    assert!(
+        ["forward", "back"].contains(&sweep["slowest"]["direction"].as_str().unwrap_or("")),
+        "{sweep:#}"
+    );
+    let drawn = std::fs::read_to_string(&svg).expect("the SVG");
+    let _ = std::fs::remove_file(&svg);
+    assert!(
+        drawn.contains("busbw") && drawn.contains("of the slowest link direction"),
+        "{drawn}"
+    );
 }

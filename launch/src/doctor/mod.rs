@@ -36,8 +36,20 @@
 //! The findings ([`report`]): a port that does not answer or is taken, a link that could not
 //! be measured, a direction slower than half the median of all the job's directions,
 //! directions asymmetric below 0.7x, different MTUs at a link's ends, a host whose links use
-//! several interfaces. Output: the table, `--json`, `--svg FILE` ([`svg`]). It exits with 1
-//! when it finds a problem. Not done: the all_sum sweep of the whole job (issue 34).
+//! several interfaces.
+//!
+//! Last (not with `--no-sweep`, and for the ring backend only: JACCL's RDMA is not swept), the
+//! job as a whole: an all_sum sweep of float32 from 4 KiB to 64 MiB within `--sweep-seconds`
+//! ([`mod@sweep`], the pacing, busbw and the verdict; [`sweep_rank`], a rank of it). The probes
+//! are started again, as the ranks of the job, with `--sweep`: each connects this crate's ring
+//! over the job's host file on the probe ports, as a job's rank connects it on the job's, and
+//! rank 0 reports per size the slowest rank's time and the busbw. The largest size's busbw is
+//! set against the slowest link direction measured, which is named: a ring goes at its slowest
+//! link's pace, so a sweep well below it points at the hosts (CPU, memory) rather than the
+//! network, and one that cannot connect, or sums wrong, is a problem.
+//!
+//! Output: the table, `--json`, `--svg FILE` ([`svg`]). It exits with 1 when it finds a
+//! problem.
 
 /// `println!` that does not panic when standard output is closed (`| head`).
 macro_rules! say {
@@ -56,6 +68,8 @@ mod probes;
 mod protocol;
 mod report;
 mod svg;
+mod sweep;
+mod sweep_rank;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -89,8 +103,11 @@ the interface, address and MTU the traffic leaves from, round trips of 8 bytes (
 bulk bytes each way. The probes listen on the job's ports plus the number of ports the job
 uses (the block after the job's). Flags: a port that does not answer, a direction below 0.5x
 the median of the job's links, directions below 0.7x of each other, different MTUs, a host
-whose links use several interfaces. Exits with 1 when a problem is found, 2 for a usage
-error, 0 otherwise."
+whose links use several interfaces. Then (ring backend) an all_sum sweep of the whole job,
+float32, 4 KiB to 64 MiB, on the ring of nuvec-distributed over the probe ports: per size the
+slowest rank's time and busbw (2(R-1)/R x bytes / time), the largest size set against the
+slowest link direction, which is named; a ring that cannot connect is a problem. Exits with 1
+when a problem is found, 2 for a usage error, 0 otherwise."
 )]
 pub(crate) struct DoctorArgs {
     /// A comma separated list of hosts (a ring over those that are addresses)
@@ -130,7 +147,14 @@ pub(crate) struct DoctorArgs {
     /// The longest connect, in seconds (a port that answers within it is not dropped)
     #[arg(long, value_name = "S", default_value_t = 2.0)]
     connect_timeout: f64,
-    /// Check the hosts only; measure no link
+    /// At most this many seconds for the all_sum sweep of the whole job (larger sizes are
+    /// skipped when it is spent)
+    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    sweep_seconds: f64,
+    /// Measure the links but run no all_sum sweep
+    #[arg(long)]
+    no_sweep: bool,
+    /// Check the hosts only; measure no link, run no sweep
     #[arg(long)]
     no_measure: bool,
     /// Print the report as JSON, for scripts
@@ -158,9 +182,13 @@ pub(crate) fn main(argv: Vec<OsString>) -> i32 {
     // Bounded so that every deadline and byte count derived from them fits: an hour per link,
     // 1 TiB each way, a million round trips.
     let seconds = |v: f64| v.is_finite() && v > 0.0 && v <= 3600.0;
-    if !seconds(args.probe_seconds) || !seconds(args.connect_timeout) {
+    if !seconds(args.probe_seconds)
+        || !seconds(args.connect_timeout)
+        || !seconds(args.sweep_seconds)
+    {
         return invalid(
-            "--probe-seconds and --connect-timeout take a number of seconds above 0, at most 3600",
+            "--probe-seconds, --connect-timeout and --sweep-seconds take a number of seconds \
+             above 0, at most 3600",
         );
     }
     if args.probe_mib == 0 || args.probe_mib > 1 << 20 {
@@ -227,10 +255,22 @@ pub(crate) fn main(argv: Vec<OsString>) -> i32 {
             time: secs(args.probe_seconds),
             io: secs(args.probe_seconds + 10.0),
         };
-        report.links = measure_links(plan, &backend, &list, &budget);
+        let (links, started) = measure_links(plan, &backend, &list, &budget);
+        report.links = links;
         let (problems, median) = report::findings(&mut report.links);
         report.link_problems = problems;
         report.median_bps = median;
+        if !args.no_sweep {
+            report.sweep = Some(match (backend.as_str(), started) {
+                _ if plan.ranks.len() < 2 => not_run("one rank: there is no ring to sum over"),
+                ("ring", Ok(())) => sweep(plan, args.sweep_seconds, &report.links),
+                ("ring", Err(why)) => not_run(&why),
+                _ => not_run(
+                    "the sweep runs the ring backend; JACCL's RDMA cables are checked by the \
+                     host checks above",
+                ),
+            });
+        }
     }
     if let Some(path) = &args.svg {
         let hosts: Vec<String> = list.hosts.iter().map(|h| h.ssh.clone()).collect();
@@ -238,7 +278,9 @@ pub(crate) fn main(argv: Vec<OsString>) -> i32 {
             "nuvec-launch doctor: {} rank(s), backend {backend}",
             hosts.len()
         );
-        if let Err(e) = std::fs::write(path, svg::svg(&title, &hosts, &report.links)) {
+        let note = report.sweep.as_ref().and_then(sweep::Sweep::verdict);
+        let drawn = svg::svg(&title, note.as_deref(), &hosts, &report.links);
+        if let Err(e) = std::fs::write(path, drawn) {
             eprintln!("[ERROR] cannot write {}: {e}", path.display());
             return 2;
         }
@@ -295,6 +337,14 @@ fn print_report(report: &report::Report, measured: bool, args: &DoctorArgs) {
             say!("  {line}");
         }
         for p in &report.link_problems {
+            say!("PROBLEM: {p}");
+        }
+    }
+    if let Some(sweep) = &report.sweep {
+        for line in sweep.lines() {
+            say!("{line}");
+        }
+        for p in &sweep.problems {
             say!("PROBLEM: {p}");
         }
     }
@@ -364,8 +414,47 @@ fn probe_plan(args: &DoctorArgs, backend: &str, list: HostList) -> Result<Plan, 
     crate::plan::plan(&launch, list, (0, 0)).map_err(|e| e.0)
 }
 
-/// Starts the probes of `plan` and has each measure its links, one at a time.
-fn measure_links(plan: &Plan, backend: &str, list: &HostList, budget: &Budget) -> Vec<report::Row> {
+/// A sweep that was not run, and why.
+fn not_run(why: &str) -> sweep::Sweep {
+    sweep::Sweep {
+        not_run: Some(why.to_owned()),
+        ..sweep::Sweep::default()
+    }
+}
+
+/// Starts the probes of `plan` again as the ranks of the all_sum sweep (`probe --sweep`) and
+/// waits for each one's outcome.
+fn sweep(plan: &Plan, seconds: f64, links: &[report::Row]) -> sweep::Sweep {
+    let mut plan = plan.clone();
+    // Only here: a `--probe-program` that predates the sweep still measures the links.
+    plan.command.extend([
+        "--sweep".to_owned(),
+        "--sweep-seconds".to_owned(),
+        seconds.to_string(),
+    ]);
+    let budget = secs(seconds);
+    // The ssh logins, setup, the budget, and one operation that overruns it (the ranks bound
+    // setup and every operation by `sweep_rank::SETUP` plus the budget).
+    let deadline = Instant::now() + PROBE_START + 2 * (sweep_rank::SETUP + budget);
+    let outcomes = match probes::Probes::start(&plan) {
+        Ok(mut probes) => {
+            let outcomes = probes.swept(deadline);
+            probes.stop();
+            outcomes
+        }
+        Err(e) => vec![Err(e); plan.ranks.len()],
+    };
+    sweep::combine(outcomes, seconds, links)
+}
+
+/// Starts the probes of `plan` and has each measure its links, one at a time; also says
+/// whether every probe started (the sweep needs them all).
+fn measure_links(
+    plan: &Plan,
+    backend: &str,
+    list: &HostList,
+    budget: &Budget,
+) -> (Vec<report::Row>, Result<(), String>) {
     let n = plan.ranks.len();
     let topologies: Vec<probe::Topology> = if backend == "ring" {
         let nodes: Vec<Vec<String>> = serde_json::from_str(&plan.file_content).unwrap_or_default();
@@ -400,10 +489,18 @@ fn measure_links(plan: &Plan, backend: &str, list: &HostList, budget: &Budget) -
                     });
                 }
             }
-            return rows;
+            return (rows, Err(e));
         }
     };
     let ready = probes.ready(Instant::now() + PROBE_START);
+    let started = match ready
+        .iter()
+        .enumerate()
+        .find_map(|(r, x)| Some(r).zip(x.as_ref().err()))
+    {
+        Some((r, e)) => Err(format!("the probe on rank {r} did not start: {e}")),
+        None => Ok(()),
+    };
     // Each link: two connects, the round trips, both directions and the replies.
     let per_link = budget.connect * 2
         + budget.io
@@ -445,7 +542,7 @@ fn measure_links(plan: &Plan, backend: &str, list: &HostList, budget: &Budget) -
         }
     }
     probes.stop();
-    rows
+    (rows, started)
 }
 
 /// How long the probes get to start and say they are ready (ssh logins included).

@@ -14,6 +14,9 @@
 //! `{"ready": {rank, size, listening, errors, links}}`, then for each `{"measure": I}` read
 //! on standard input `{"measured": {index, ...}}` (`measure.rs`). It exits when standard
 //! input ends, on `{"quit": true}`, or after `--lifetime` seconds whatever happens.
+//!
+//! With `--sweep` it is instead one rank of the all_sum sweep (`sweep_rank.rs`): it prints
+//! `{"swept": ...}` when done and exits.
 
 use std::io::{BufRead, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -183,6 +186,12 @@ struct ProbeArgs {
     /// Exit after this many seconds whatever happens.
     #[arg(long, default_value_t = 600.0)]
     lifetime: f64,
+    /// Run the all_sum sweep of the job instead (`sweep_rank.rs`), on the probe ports.
+    #[arg(long)]
+    sweep: bool,
+    /// The sweep's budget, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    sweep_seconds: f64,
 }
 
 fn seconds(s: f64) -> Duration {
@@ -199,12 +208,21 @@ pub(crate) fn main(argv: Vec<std::ffi::OsString>) -> i32 {
             return 2;
         }
     };
-    let lifetime = seconds(args.lifetime);
+    let mut lifetime = seconds(args.lifetime);
+    if args.sweep {
+        // A sweep ends by itself within its setup, its budget and one operation beyond it.
+        lifetime = lifetime.max(2 * (super::sweep_rank::SETUP + seconds(args.sweep_seconds)));
+    }
     std::thread::spawn(move || {
         // The probe's bound: a doctor that died without closing our input ends us here.
         std::thread::sleep(lifetime);
         std::process::exit(3);
     });
+    if args.sweep {
+        let swept = super::sweep_rank::run(args.offset, seconds(args.sweep_seconds));
+        say(&json!({ "swept": swept }));
+        return 0;
+    }
     let topology = match topology_from_env() {
         Ok(t) => t,
         Err(e) => {

@@ -2,8 +2,8 @@
 //! is started ([`crate::start::rank_command`]: directly for a local host, `ssh -tt HOST
 //! SCRIPT` with `mlx.launch`'s script otherwise, `--cwd` and `--env` included), reads their
 //! JSON lines, sends them their commands one at a time (so that no two links are measured at
-//! once and each link has the hosts' NICs to itself), and stops them. Every wait has a
-//! deadline.
+//! once and each link has the hosts' NICs to itself), and stops them; the same for the ranks
+//! of the all_sum sweep, which answer once. Every wait has a deadline.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -16,11 +16,15 @@ use serde_json::{Value, json};
 
 use super::measure::Measurement;
 use super::probe::Ready;
+use super::sweep::Swept;
 use crate::plan::Plan;
 use crate::start::{TempFile, rank_command};
 
 /// How long the probes' last lines are waited for once they are told to quit.
 const QUIT_WAIT: Duration = Duration::from_secs(2);
+
+/// How long the other ranks of the sweep are waited for once one has failed.
+const AFTER_FAILURE: Duration = Duration::from_secs(3);
 
 /// What a reader thread sends: a line of a rank's probe, or the end of one of its streams.
 type Line = (usize, Option<String>);
@@ -157,27 +161,59 @@ impl Probes {
             if self.open[rank] == 0 {
                 return Err(format!("the probe ended{}", self.explain(rank)));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok((r, Some(line))) => {
-                    match serde_json::from_str::<Value>(&line)
-                        .ok()
-                        .filter(Value::is_object)
-                    {
-                        Some(v) => self.pending[r].push_back(v),
-                        None if !line.is_empty() => self.notes[r].push(line),
-                        None => {}
-                    }
-                }
-                Ok((r, None)) => self.open[r] = self.open[r].saturating_sub(1),
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
-                    return Err(format!(
-                        "no answer from the probe in time{}",
-                        self.explain(rank)
-                    ));
-                }
+            if !self.receive(deadline) {
+                return Err(format!(
+                    "no answer from the probe in time{}",
+                    self.explain(rank)
+                ));
             }
         }
+    }
+
+    /// Files the next line received before `deadline`; false when none came.
+    fn receive(&mut self, deadline: Instant) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.lines.recv_timeout(left) {
+            Ok((r, Some(line))) => {
+                match serde_json::from_str::<Value>(&line)
+                    .ok()
+                    .filter(Value::is_object)
+                {
+                    Some(v) => self.pending[r].push_back(v),
+                    None if !line.is_empty() => self.notes[r].push(line),
+                    None => {}
+                }
+                true
+            }
+            Ok((r, None)) => {
+                self.open[r] = self.open[r].saturating_sub(1);
+                true
+            }
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => false,
+        }
+    }
+
+    /// Rank `rank`'s outcome of the sweep, if it has one yet: its `swept` line, its error, or
+    /// its end.
+    fn swept_of(&mut self, rank: usize) -> Option<Result<Swept, String>> {
+        let pending = &mut self.pending[rank];
+        if let Some(v) = pending
+            .iter()
+            .position(|v| v.get("swept").is_some())
+            .and_then(|i| pending.remove(i))
+        {
+            return Some(
+                serde_json::from_value(v["swept"].clone())
+                    .map_err(|e| format!("the probe's sweep line: {e}")),
+            );
+        }
+        if let Some(e) = pending.iter().find_map(|v| v.get("error")) {
+            return Some(Err(format!(
+                "the probe says: {}",
+                e.as_str().unwrap_or_default()
+            )));
+        }
+        (self.open[rank] == 0).then(|| Err(format!("the probe ended{}", self.explain(rank))))
     }
 
     /// `: ` and the last lines rank `rank`'s probe printed that were not its JSON.
@@ -234,6 +270,63 @@ impl Probes {
                 Err(format!("{e}; the probe was stopped"))
             }
         }
+    }
+
+    /// Waits (until `deadline`) for every rank of the all_sum sweep (probes started with
+    /// `--sweep`) to say how it went. Once one has failed, the others get [`AFTER_FAILURE`]
+    /// to say why they stopped too (a peer's failure reaches them at once), not the whole
+    /// setup timeout of a ring that can no longer form.
+    pub(crate) fn swept(&mut self, deadline: Instant) -> Vec<Result<Swept, String>> {
+        let n = self.children.len();
+        let mut out: Vec<Option<Result<Swept, String>>> = vec![None; n];
+        for (rank, o) in out.iter_mut().enumerate() {
+            if self.children[rank].is_none() {
+                *o = Some(Err(format!(
+                    "the probe did not start{}",
+                    self.explain(rank)
+                )));
+            }
+        }
+        let failed = |o: &Option<Result<Swept, String>>| {
+            o.as_ref()
+                .is_some_and(|r| r.as_ref().map_or(true, |s| s.error.is_some()))
+        };
+        let mut cut: Option<(usize, Instant)> = out
+            .iter()
+            .position(failed)
+            .map(|r| (r, Instant::now() + AFTER_FAILURE));
+        loop {
+            for (rank, o) in out.iter_mut().enumerate() {
+                if o.is_none() {
+                    *o = self.swept_of(rank);
+                    if cut.is_none() && failed(o) {
+                        cut = Some((rank, Instant::now() + AFTER_FAILURE));
+                    }
+                }
+            }
+            if out.iter().all(Option::is_some) {
+                break;
+            }
+            let until = cut.map_or(deadline, |(_, at)| at.min(deadline));
+            if !self.receive(until) {
+                break;
+            }
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(rank, o)| {
+                o.unwrap_or_else(|| {
+                    Err(match cut {
+                        Some((first, _)) => format!(
+                            "no answer {} s after rank {first}'s sweep failed{}",
+                            AFTER_FAILURE.as_secs(),
+                            self.explain(rank)
+                        ),
+                        None => format!("no answer from the probe in time{}", self.explain(rank)),
+                    })
+                })
+            })
+            .collect()
     }
 
     /// Tells every probe to quit, gives them [`QUIT_WAIT`], then kills those still running.

@@ -2,7 +2,7 @@
 //! ([`findings`]: a port that does not answer or is taken, a link that failed, a link far
 //! slower than its siblings, asymmetric directions, different MTUs at its ends, a host whose
 //! links leave from several interfaces), the table for people ([`table`]) and the JSON for
-//! scripts ([`Report`]).
+//! scripts ([`Report`]), which also carries the all_sum sweep (`sweep.rs`).
 //!
 //! The thresholds: a direction slower than [`SLOW`] times the median of every direction of
 //! the job's links is slow; a link whose slower direction is below [`ASYMMETRIC`] times its
@@ -11,6 +11,7 @@
 use serde::Serialize;
 
 use super::measure::Measurement;
+use super::sweep::Sweep;
 
 /// A direction below this fraction of the median of all directions is slow.
 pub(crate) const SLOW: f64 = 0.5;
@@ -77,6 +78,8 @@ pub(crate) struct Report {
     pub(crate) link_problems: Vec<String>,
     /// The median of every direction's rate, bits per second.
     pub(crate) median_bps: Option<f64>,
+    /// The all_sum sweep of the whole job, when it was run (or said why not).
+    pub(crate) sweep: Option<Sweep>,
 }
 
 /// One rank's host checks.
@@ -95,7 +98,9 @@ pub(crate) struct RankReport {
 impl Report {
     /// How many problems, host checks and links together.
     pub(crate) fn problems(&self) -> usize {
-        self.ranks.iter().map(|r| r.problems.len()).sum::<usize>() + self.link_problems.len()
+        self.ranks.iter().map(|r| r.problems.len()).sum::<usize>()
+            + self.link_problems.len()
+            + self.sweep.as_ref().map_or(0, |s| s.problems.len())
     }
 }
 

@@ -2,7 +2,8 @@
 //! benchmarks' plots (`benches/cluster.sh`: white ground, sans-serif 12, the same colours).
 //! The ranks sit on a circle; each link is a line from the connecting rank to its peer
 //! (connections of one pair side by side), as wide as its slower direction is fast, blue,
-//! or red when flagged, labelled with its forward and back rates.
+//! or red when flagged, labelled with its forward and back rates. Under the title, the all_sum
+//! sweep's verdict when there is one (its largest size's busbw against the slowest link).
 
 use std::fmt::Write as _;
 
@@ -16,8 +17,9 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The SVG of `rows` for `ranks` ranks, whose hosts are `hosts`, titled `title`.
-pub(crate) fn svg(title: &str, hosts: &[String], rows: &[Row]) -> String {
+/// The SVG of `rows` for the ranks whose hosts are `hosts`, titled `title`, with `note`
+/// under the title.
+pub(crate) fn svg(title: &str, note: Option<&str>, hosts: &[String], rows: &[Row]) -> String {
     let n = hosts.len().max(1);
     let (w, h) = (720.0_f64, 560.0_f64);
     let (cx, cy, radius) = (w / 2.0, h / 2.0 + 10.0, 190.0);
@@ -44,6 +46,13 @@ pub(crate) fn svg(title: &str, hosts: &[String], rows: &[Row]) -> String {
         r#"<text x="20" y="24" font-size="14">{}</text>"#,
         escape(title)
     );
+    if let Some(note) = note {
+        let _ = writeln!(
+            s,
+            "<text x=\"20\" y=\"42\" fill=\"#555\">{}</text>",
+            escape(note)
+        );
+    }
     let _ = writeln!(
         s,
         "<text x=\"20\" y=\"{}\" fill=\"#888\">each link from the connecting rank: forward / back; width: the slower direction; red: flagged</text>",
@@ -139,7 +148,7 @@ mod tests {
             })
             .collect();
         let hosts = ["a".to_owned(), "b<&>".to_owned(), "c".to_owned()];
-        let s = svg("3 <hosts>", &hosts, &rows);
+        let s = svg("3 <hosts>", Some("all_sum 64 MiB: 1 < 2"), &hosts, &rows);
         assert!(s.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
         assert!(s.ends_with("</svg>\n"));
         assert_eq!(s.matches("<circle").count(), 3);
@@ -151,5 +160,6 @@ mod tests {
             "the flagged link and its label"
         );
         assert!(s.contains("b&lt;&amp;&gt;") && s.contains("3 &lt;hosts&gt;"));
+        assert!(s.contains(">all_sum 64 MiB: 1 &lt; 2</text>"));
     }
 }
