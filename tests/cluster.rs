@@ -590,7 +590,7 @@ struct Variant {
 /// Prints the README's tensor-parallel table (`examples/tensor_parallel.rs`): the decoder on
 /// 1 local rank, on 2 and 4 local ranks under `nuvec-launch`, and on 2 and 4 hosts of an
 /// unshaped cluster (one rank per host, started over ssh by `nuvec-launch`), each on both
-/// wires; the variants run interleaved, `NUVEC_TP_REPS` times each (default 3), decoding
+/// wires; the variants run interleaved, `NUVEC_TP_REPS` times each (default 5), decoding
 /// `NUVEC_TP_TOKENS` tokens (default 24: every timed `all_sum` stays within the nuvec wire's
 /// 16 KiB relay), and each row is the run of median tokens/s. Run it in release:
 /// `cargo test --release --ignore-rust-version --test cluster -- --ignored tensor_parallel_figures
@@ -602,7 +602,7 @@ fn the_tensor_parallel_figures_are_measured_locally_and_across_unshaped_hosts_on
     let Some(c) = cluster::make(4, "none") else {
         return;
     };
-    let reps: usize = env_or("NUVEC_TP_REPS", "3")
+    let reps: usize = env_or("NUVEC_TP_REPS", "5")
         .parse()
         .expect("a number of runs");
     let tokens: usize = env_or("NUVEC_TP_TOKENS", "24")
@@ -671,7 +671,7 @@ fn the_tensor_parallel_figures_are_measured_locally_and_across_unshaped_hosts_on
     eprintln!("MEASURED load average after: {}", load().trim_end());
     eprintln!(
         "MEASURED tensor_parallel, {tokens} tokens, the run of median tokens/s of {reps}:\n\
-         | where | ranks | wire | p50 / p99 per token | tokens/s | collectives' share | one process in the same run | tokens/s of every run |\n\
+         | where | ranks | wire | p50 / p99 per token | tokens/s | in the all_sums per token | one process in the same run | tokens/s of every run |\n\
          |---|---|---|---|---|---|---|---|"
     );
     for (v, mut got) in variants.iter().zip(runs) {
@@ -685,12 +685,13 @@ fn the_tensor_parallel_figures_are_measured_locally_and_across_unshaped_hosts_on
             v.wire.to_owned()
         };
         eprintln!(
-            "| {} | {} | {wire} | {:.2} / {:.2} ms | {:.0} | {:.0}% | {:.2} ms, {:.0} tokens/s | {} |",
+            "| {} | {} | {wire} | {:.2} / {:.2} ms | {:.0} | {:.2} ms ({:.0}%) | {:.2} ms, {:.0} tokens/s | {} |",
             v.place,
             v.ranks,
             number_after(&m.figures, "p50 "),
             number_after(&m.figures, "p99 "),
             rate(m),
+            number_after(&m.figures, "measured: "),
             number_after(&m.figures, "collectives "),
             number_after(&m.single, "p50 "),
             number_after(&m.single, "; "),
