@@ -1,7 +1,9 @@
 //! A cluster on one machine (network namespaces on a bridge, shaped links, an sshd per host;
 //! see `tests/cluster/mod.rs`): ring jobs of 2–4 hosts launched over ssh by nuvec-launch and
-//! mlx.launch, a mixed Python MLX and Rust job, JACCL mesh and ring over TCP and (feature
-//! `jaccl`) over the RDMA fabric on the software provider's TCP wire, a hostfile of host names,
+//! mlx.launch, the tensor-parallel example (`examples/tensor_parallel.rs`) on 2 and 4 hosts on
+//! both wires under nuvec-launch and once under mlx.launch (and, ignored, the README's figures
+//! of it), a mixed Python MLX and Rust job, JACCL mesh and ring over TCP and (feature `jaccl`)
+//! over the RDMA fabric on the software provider's TCP wire, a hostfile of host names,
 //! and the faults of a network: a pulled cable (ring, also under nuvec-launch, whose merged
 //! flight records name the cut host's rank; and JACCL over RDMA), Ctrl-C on a job stuck
 //! across hosts (the records fetched over ssh), a glitch shorter
@@ -466,6 +468,256 @@ else exec {rust}; fi"
         args.push(script.clone());
         let done = run(&mut launcher(&c, &program, &args), Duration::from_secs(90));
         check_results(&format!("mixed, {}", program.display()), &done, 4);
+    }
+}
+
+/// The tensor-parallel example (`examples/tensor_parallel.rs`), built in this test's profile.
+fn tensor_parallel_example() -> PathBuf {
+    common::built::example("tensor_parallel")
+}
+
+/// What rank 0 of a tensor-parallel job printed as its figures: the line `per token: p50 …`
+/// and the line `one process: …` (its own run of the whole model, in the same job).
+struct Decoded {
+    /// `per token: p50 … ms, p99 … ms; … tokens/s; collectives …% of a token (…)`.
+    figures: String,
+    /// `one process: p50 … ms; … tokens/s`.
+    single: String,
+}
+
+/// Checks a finished run of the tensor-parallel example on `ranks` ranks: its exit status,
+/// the example's own check on rank 0 (tokens and logits against the same model in one
+/// process) and the wire the job agreed on, then returns rank 0's figures.
+fn decoded(what: &str, done: &Ran, ranks: usize, wire: &str) -> Decoded {
+    assert_eq!(done.code, Some(0), "{what}: {}", done.describe());
+    let out = done.output();
+    let line = |start: &str| {
+        out.lines()
+            .find_map(|l| l.find(start).map(|at| l[at..].trim_end().to_owned()))
+            .unwrap_or_else(|| panic!("{what}: no line {start:?}:\n{}", done.describe()))
+    };
+    line(&format!(
+        "tokens identical to the single-process model's on all {ranks} ranks"
+    ));
+    assert!(
+        line(&format!("{ranks} ranks, ")).ends_with(&format!("; wire: {wire}")),
+        "{what}: not on the {wire} wire:\n{}",
+        done.describe()
+    );
+    line("tokens: [");
+    Decoded {
+        figures: line("per token: p50 "),
+        single: line("one process: p50 "),
+    }
+}
+
+/// A run of the tensor-parallel example decoding `tokens` tokens, one rank on each of `hosts`
+/// of `c`, started over ssh from host 0 by `program` (nuvec-launch or mlx.launch), with the
+/// `VAR=value`s of `env` set on every rank.
+fn tensor_parallel_on_hosts(
+    c: &Cluster,
+    program: &Path,
+    hosts: &[usize],
+    tokens: usize,
+    env: &[&str],
+) -> Ran {
+    let mut args = strings(&[
+        "--hosts",
+        &c.host_list(hosts),
+        "--backend",
+        "ring",
+        "--env",
+        "NUVEC_DISTRIBUTED_TIMEOUT=20",
+    ]);
+    for var in env {
+        args.extend(strings(&["--env", var]));
+    }
+    args.push("--".to_owned());
+    args.push(tensor_parallel_example().display().to_string());
+    args.extend(strings(&["--tokens", &tokens.to_string()]));
+    run(&mut launcher(c, program, &args), Duration::from_secs(120))
+}
+
+/// The program's file name, for messages (`nuvec-launch`, `mlx.launch`).
+fn program_name(program: &Path) -> String {
+    program
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_tensor_parallel_decoder_on_two_and_four_hosts_matches_the_one_process_model_on_both_wires_and_under_mlx_launch()
+ {
+    let _one = exclusive();
+    let Some(c) = cluster::make(4, "1gbit") else {
+        return;
+    };
+    let nuvec = launcher::nuvec_launch().to_path_buf();
+    let mlx =
+        common::venv::bin_with("mlx.launch", "the mlx.launch part").map(|b| b.join("mlx.launch"));
+    for n in [2, 4] {
+        let hosts: Vec<usize> = (0..n).collect();
+        // (launcher, the wire asked for, the wire the job must agree on); mlx.launch once, on
+        // 4 hosts (its ranks are all this crate, so they agree on the nuvec wire).
+        let mut jobs = vec![(&nuvec, None, "nuvec"), (&nuvec, Some("mlx"), "mlx")];
+        if let Some(mlx) = mlx.as_ref().filter(|_| n == 4) {
+            jobs.push((mlx, None, "nuvec"));
+        }
+        for (program, asked, wire) in jobs {
+            let env: Vec<String> = asked
+                .map(|w| format!("NUVEC_DISTRIBUTED_WIRE={w}"))
+                .into_iter()
+                .collect();
+            let env: Vec<&str> = env.iter().map(String::as_str).collect();
+            let done = tensor_parallel_on_hosts(&c, program, &hosts, 4, &env);
+            let what = format!(
+                "tensor_parallel on {n} hosts under {}, wire {}",
+                program_name(program),
+                asked.unwrap_or("auto")
+            );
+            let got = decoded(&what, &done, n, wire);
+            eprintln!(
+                "MEASURED {what} ({wire}), 4 tokens: {}; {}; the job took {:?}",
+                got.figures, got.single, done.elapsed
+            );
+        }
+    }
+}
+
+/// The number after `key` in `line` (up to the next space, `%` or `;`).
+fn number_after(line: &str, key: &str) -> f64 {
+    line.split_once(key)
+        .and_then(|(_, rest)| {
+            rest.split([' ', '%', ';', ','])
+                .next()
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no number after {key:?} in {line:?}"))
+}
+
+/// One variant of the README's tensor-parallel measurement.
+struct Variant {
+    /// `local` (loopback) or `hosts` (one rank per host of the cluster).
+    place: &'static str,
+    ranks: usize,
+    /// The value of `NUVEC_DISTRIBUTED_WIRE` (`auto`: not set).
+    asked: &'static str,
+    /// The wire the job must agree on.
+    wire: &'static str,
+}
+
+/// Prints the README's tensor-parallel table (`examples/tensor_parallel.rs`): the decoder on
+/// 1 local rank, on 2 and 4 local ranks under `nuvec-launch`, and on 2 and 4 hosts of an
+/// unshaped cluster (one rank per host, started over ssh by `nuvec-launch`), each on both
+/// wires; the variants run interleaved, `NUVEC_TP_REPS` times each (default 5), decoding
+/// `NUVEC_TP_TOKENS` tokens (default 24: every timed `all_sum` stays within the nuvec wire's
+/// 16 KiB relay), and each row is the run of median tokens/s. Run it in release:
+/// `cargo test --release --ignore-rust-version --test cluster -- --ignored tensor_parallel_figures
+/// --nocapture` (as root).
+#[test]
+#[ignore = "a measurement for the README: a few minutes, in release"]
+fn the_tensor_parallel_figures_are_measured_locally_and_across_unshaped_hosts_on_both_wires() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(4, "none") else {
+        return;
+    };
+    let reps: usize = env_or("NUVEC_TP_REPS", "5")
+        .parse()
+        .expect("a number of runs");
+    assert!(reps > 0, "NUVEC_TP_REPS must be at least 1");
+    let tokens: usize = env_or("NUVEC_TP_TOKENS", "24")
+        .parse()
+        .expect("a number of tokens");
+    let nuvec = launcher::nuvec_launch().to_path_buf();
+    let example = tensor_parallel_example();
+    let mut variants = vec![Variant {
+        place: "local",
+        ranks: 1,
+        asked: "auto",
+        wire: "none",
+    }];
+    for place in ["local", "hosts"] {
+        for ranks in [2, 4] {
+            for (asked, wire) in [("auto", "nuvec"), ("mlx", "mlx")] {
+                variants.push(Variant {
+                    place,
+                    ranks,
+                    asked,
+                    wire,
+                });
+            }
+        }
+    }
+    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    eprintln!("MEASURED load average before: {}", load().trim_end());
+    let mut runs: Vec<Vec<Decoded>> = variants.iter().map(|_| Vec::new()).collect();
+    for _ in 0..reps {
+        for (v, got) in variants.iter().zip(&mut runs) {
+            let env: Vec<String> = (v.asked != "auto")
+                .then(|| format!("NUVEC_DISTRIBUTED_WIRE={}", v.asked))
+                .into_iter()
+                .collect();
+            let env: Vec<&str> = env.iter().map(String::as_str).collect();
+            let done = if v.place == "hosts" {
+                let hosts: Vec<usize> = (0..v.ranks).collect();
+                tensor_parallel_on_hosts(&c, &nuvec, &hosts, tokens, &env)
+            } else if v.ranks == 1 {
+                let mut cmd = Command::new(&example);
+                cmd.args(["-n", "1", "--tokens", &tokens.to_string()])
+                    .env_remove("MLX_RANK")
+                    .env_remove("MLX_HOSTFILE")
+                    .env_remove("NUVEC_DISTRIBUTED_WIRE");
+                run(&mut cmd, Duration::from_secs(120))
+            } else {
+                let port = common::ports::consecutive(u16::try_from(v.ranks).expect("a few ranks"))
+                    .to_string();
+                let mut cmd = Command::new(&nuvec);
+                cmd.args(["-n", &v.ranks.to_string(), "--starting-port", &port])
+                    .env_remove("MLX_RANK")
+                    .env_remove("MLX_HOSTFILE")
+                    .env_remove("NUVEC_DISTRIBUTED_WIRE");
+                for var in &env {
+                    cmd.args(["--env", var]);
+                }
+                cmd.arg("--")
+                    .arg(&example)
+                    .args(["--tokens", &tokens.to_string()]);
+                run(&mut cmd, Duration::from_secs(120))
+            };
+            let what = format!("{} {} ranks, wire {}", v.place, v.ranks, v.asked);
+            got.push(decoded(&what, &done, v.ranks, v.wire));
+        }
+    }
+    eprintln!("MEASURED load average after: {}", load().trim_end());
+    eprintln!(
+        "MEASURED tensor_parallel, {tokens} tokens, the run of median tokens/s of {reps}:\n\
+         | where | ranks | wire | p50 / p99 per token | tokens/s | in the all_sums per token | one process in the same run | tokens/s of every run |\n\
+         |---|---|---|---|---|---|---|---|"
+    );
+    for (v, mut got) in variants.iter().zip(runs) {
+        let rate = |d: &Decoded| number_after(&d.figures, "; ");
+        got.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+        let all: Vec<String> = got.iter().map(|d| format!("{:.0}", rate(d))).collect();
+        let m = &got[got.len() / 2];
+        let wire = if v.asked == "auto" && v.ranks > 1 {
+            format!("auto ({})", v.wire)
+        } else {
+            v.wire.to_owned()
+        };
+        eprintln!(
+            "| {} | {} | {wire} | {:.2} / {:.2} ms | {:.0} | {:.2} ms ({:.0}%) | {:.2} ms, {:.0} tokens/s | {} |",
+            v.place,
+            v.ranks,
+            number_after(&m.figures, "p50 "),
+            number_after(&m.figures, "p99 "),
+            rate(m),
+            number_after(&m.figures, "measured: "),
+            number_after(&m.figures, "collectives "),
+            number_after(&m.single, "p50 "),
+            number_after(&m.single, "; "),
+            all.join(", ")
+        );
     }
 }
 
