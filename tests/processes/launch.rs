@@ -65,6 +65,15 @@ fn fail_after_all_sum() {
                 // SIGKILL is not deferred; this is only reached if `kill` could not run.
                 std::process::exit(99);
             }
+            Ok("sigstop") => {
+                // Stopped until the launcher kills it; `kill` returns once the signal is
+                // sent, so this rank waits for its own stop (bounded: the launcher kills it).
+                let _ = Command::new("kill")
+                    .args(["-s", "STOP", &std::process::id().to_string()])
+                    .status();
+                std::thread::sleep(std::time::Duration::from_secs(120));
+                std::process::exit(99);
+            }
             _ => panic!("rank 1 fails on purpose after its first all_sum"),
         }
     }
@@ -896,7 +905,12 @@ fn failing_job(name: &str, role: &str, how: &str) -> Failed {
         "--env",
         &failure,
         "--env",
-        "NUVEC_DISTRIBUTED_TIMEOUT=20",
+        // A stopped rank is found by the others' deadline: a short one.
+        if how == "sigstop" {
+            "NUVEC_DISTRIBUTED_TIMEOUT=3"
+        } else {
+            "NUVEC_DISTRIBUTED_TIMEOUT=20"
+        },
         "--",
     ];
     let command = rank_command();
@@ -1002,6 +1016,33 @@ fn a_rank_that_is_sigkilled_is_named_with_the_signal_and_the_job_exits_137() {
         &failed,
         "[ERROR] rank 1 failed first: signal SIGKILL (status 137), ",
         "[WARN] Node with rank 1 exited with code 137 (signal SIGKILL)",
+    );
+}
+
+#[test]
+fn a_rank_that_is_sigstopped_is_named_by_the_merged_records_and_the_job_ends() {
+    // Rank 1 stops itself after its first all_sum; its neighbours time out waiting for it
+    // and exit 3; the launcher stops the job, the stopped rank included, and the ranks'
+    // records name rank 1: stopped, it could write none.
+    let failed = failing_job("sigstop", "fail-after-all-sum", "sigstop");
+    let done = &failed.job;
+    assert_eq!(done.code, Some(3), "{}", done.describe());
+    assert!(
+        done.stderr
+            .lines()
+            .any(|l| l.starts_with("- the first failure: rank 1, which ")
+                && l.contains("left no record; ")),
+        "the merged records name rank 1: {}",
+        done.describe()
+    );
+    assert!(
+        failed
+            .diagnosed
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("- the first failure: rank 1, which left no record; ")),
+        "diagnose names rank 1 from the files alone: {}",
+        failed.diagnosed.describe()
     );
 }
 
@@ -1259,6 +1300,9 @@ fn a_job_that_completes_no_operation_for_the_hang_report_time_reports_itself() {
     );
     let launcher = live.child.id();
     kill("INT", &[launcher]);
+    // Two signals sent at once may reach the launcher as one (a pending signal is not
+    // counted twice): the second follows the first's report.
+    live.wait_for(1, |l| l.contains("Ctrl-C (press it again to stop the job)"));
     kill("INT", &[launcher]);
     assert_eq!(live.finish(), Some(130), "{}", live.seen.join("\n"));
     assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");

@@ -231,3 +231,32 @@ fn on_a_fixed_epoch_a_groups_own_record_reads_the_fabric_clock_as_the_job_and_as
     assert_eq!(ops[0]["end_us"], epoch + 25);
     assert_eq!(ops[1]["state"], "running");
 }
+
+/// The recorder's cost per operation (a begin and an end, with peers, as the communicator
+/// core makes them), printed; run in release:
+/// `cargo test --release --ignore-rust-version --lib -- --ignored what_an_operation_costs_the_recorder --nocapture`.
+#[test]
+#[ignore = "a measurement: run it in release, by hand"]
+fn what_an_operation_costs_the_recorder() {
+    let mut record = Record::new(0, 2, capacity().max(1), None).expect("a record");
+    let call = Call {
+        dtype: Some(DType::F32),
+        ..Call::new("all_sum", 4096)
+    };
+    let batch = 1_000_000u64;
+    let mut per_op = Vec::new();
+    for round in 0..7u64 {
+        let started = std::time::Instant::now();
+        for n in 0..batch {
+            let at = Duration::from_nanos(n * 7_000);
+            record.begin(&call, round * batch + n, [1].into_iter(), at);
+            record.end(None, at + Duration::from_nanos(5_000));
+        }
+        per_op.push(started.elapsed().as_secs_f64() * 1e9 / batch as f64);
+    }
+    per_op.sort_by(f64::total_cmp);
+    eprintln!(
+        "MEASURED the recorder: {:.1} ns per operation (median of 7 rounds of {batch}; min {:.1}, max {:.1})",
+        per_op[3], per_op[0], per_op[6]
+    );
+}
