@@ -3,7 +3,8 @@
 //! RDMA interface has no IPv4 address and sits in a bridge that is up, and a clean ring; each
 //! run must print its expected report (`expected/*.txt`) and exit 1 on a problem, 0 without.
 //! Then the doctor measuring a ring of two ranks on this machine's loopback, its all_sum sweep
-//! included, and the same when the sweep's ring cannot form.
+//! included, and the same when the sweep's ring cannot form; then a JACCL mesh of three ranks
+//! swept over TCP cables.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -194,4 +195,74 @@ fn the_doctor_sweeps_all_sum_over_a_ring_of_two_local_ranks_and_names_the_slowes
         drawn.contains("busbw") && drawn.contains("of the slowest link direction"),
         "{drawn}"
     );
+}
+
+#[test]
+fn the_doctor_sweeps_all_sum_over_a_jaccl_mesh_of_three_local_ranks_over_tcp_cables() {
+    // The job's coordinator port, then the probe port beside it, where the sweep's coordinator
+    // listens (JACCL's TCP cables take ports the system picks).
+    let port = free_ports(2);
+    let row = |devices: &str| {
+        format!(r#"{{"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": {devices}}}"#)
+    };
+    let hostfile = format!(
+        r#"{{"backend": "jaccl", "hosts": [{}, {}, {}]}}"#,
+        row(r#"[null, "rdma_en1", "rdma_en2"]"#),
+        row(r#"["rdma_en1", null, "rdma_en3"]"#),
+        row(r#"["rdma_en2", "rdma_en3", null]"#),
+    );
+    let path = std::env::temp_dir().join(format!("nuvec-doctor-jaccl-{}.json", std::process::id()));
+    std::fs::write(&path, hostfile).expect("write the host file");
+    let path_arg = path.display().to_string();
+    let started = std::time::Instant::now();
+    let (out, _) = doctor(&[
+        "--hostfile",
+        &path_arg,
+        "-p",
+        &port.to_string(),
+        "--env",
+        "NUVEC_JACCL_FABRIC=tcp",
+        "--probe-mib",
+        "16",
+        "--probe-seconds",
+        "0.2",
+        "--pings",
+        "20",
+        "--sweep-seconds",
+        "2",
+        "--json",
+    ]);
+    let took = started.elapsed();
+    let _ = std::fs::remove_file(&path);
+    let report: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(report["backend"], "jaccl", "{report:#}");
+    let sweep = &report["sweep"];
+    assert_eq!(sweep["not_run"], serde_json::Value::Null, "{sweep:#}");
+    assert_eq!(sweep["problems"], serde_json::json!([]), "{sweep:#}");
+    assert_eq!(sweep["ranks"], 3, "{sweep:#}");
+    assert_eq!(sweep["backend"], "jaccl", "{sweep:#}");
+    assert_eq!(
+        sweep["wire"], "JACCL mesh of 1 cable(s) per pair, TCP cables",
+        "{sweep:#}"
+    );
+    let rows = sweep["rows"].as_array().expect("the sweep's rows");
+    assert_eq!(
+        rows.first().and_then(|r| r["bytes"].as_u64()),
+        Some(4096),
+        "{sweep:#}"
+    );
+    for r in rows {
+        assert!(
+            r["busbw_bps"].as_f64().is_some_and(|v| v > 0.0)
+                && r["iterations"].as_u64().is_some_and(|i| i >= 1),
+            "{r}"
+        );
+    }
+    // The links measured are the ranks' connections to the coordinator: the verdict names one.
+    assert!(
+        sweep["of_slowest"].as_f64().is_some_and(|v| v > 0.0),
+        "{sweep:#}"
+    );
+    assert!(took < Duration::from_secs(20), "{took:?}\n{out}");
 }

@@ -38,15 +38,19 @@
 //! directions asymmetric below 0.7x, different MTUs at a link's ends, a host whose links use
 //! several interfaces.
 //!
-//! Last (not with `--no-sweep`, and for the ring backend only: JACCL's RDMA is not swept), the
-//! job as a whole: an all_sum sweep of float32 from 4 KiB to 64 MiB within `--sweep-seconds`
-//! ([`mod@sweep`], the pacing, busbw and the verdict; [`sweep_rank`], a rank of it). The probes
-//! are started again, as the ranks of the job, with `--sweep`: each connects this crate's ring
-//! over the job's host file on the probe ports, as a job's rank connects it on the job's, and
-//! rank 0 reports per size the slowest rank's time and the busbw. The largest size's busbw is
-//! set against the slowest link direction measured, which is named: a ring goes at its slowest
-//! link's pace, so a sweep well below it points at the hosts (CPU, memory) rather than the
-//! network, and one that cannot connect, or sums wrong, is a problem.
+//! Last (not with `--no-sweep`), the job as a whole: an all_sum sweep of float32 from 4 KiB to
+//! 64 MiB within `--sweep-seconds` ([`mod@sweep`], the pacing, busbw and the verdict;
+//! [`sweep_rank`], a rank of it). The probes are started again, as the ranks of the job, with
+//! `--sweep`: each connects this crate's ring over the job's host file on the probe ports, as a
+//! job's rank connects it on the job's, and rank 0 reports per size the slowest rank's time and
+//! the busbw. The largest size's busbw is set against the slowest link direction measured,
+//! which is named: a ring goes at its slowest link's pace, so a sweep well below it points at
+//! the hosts (CPU, memory) rather than the network, and one that cannot connect, or sums
+//! wrong, is a problem. A JACCL job (`jaccl`, `jaccl-ring`) is swept as its ranks would run:
+//! each connects this crate's JACCL from the job's device file with the coordinator moved to
+//! the probe port, over RDMA (this program built with its feature `jaccl`; a machine without
+//! the verbs library or a device is a problem in the library's words), or over TCP cables with
+//! `--env NUVEC_JACCL_FABRIC=tcp`.
 //!
 //! Output: the table, `--json`, `--svg FILE` ([`svg`]). It exits with 1 when it finds a
 //! problem.
@@ -103,10 +107,12 @@ the interface, address and MTU the traffic leaves from, round trips of 8 bytes (
 bulk bytes each way. The probes listen on the job's ports plus the number of ports the job
 uses (the block after the job's). Flags: a port that does not answer, a direction below 0.5x
 the median of the job's links, directions below 0.7x of each other, different MTUs, a host
-whose links use several interfaces. Then (ring backend) an all_sum sweep of the whole job,
+whose links use several interfaces. Then an all_sum sweep of the whole job,
 float32, 4 KiB to 64 MiB, on the ring of nuvec-distributed over the probe ports: per size the
 slowest rank's time and busbw (2(R-1)/R x bytes / time), the largest size set against the
-slowest link direction, which is named; a ring that cannot connect is a problem. Exits with 1
+slowest link direction, which is named; a ring that cannot connect is a problem. JACCL jobs
+are swept on JACCL with the coordinator on the probe port: over RDMA (nuvec-launch built with
+the feature jaccl), or over TCP cables with --env NUVEC_JACCL_FABRIC=tcp. Exits with 1
 when a problem is found, 2 for a usage error, 0 otherwise."
 )]
 pub(crate) struct DoctorArgs {
@@ -261,14 +267,13 @@ pub(crate) fn main(argv: Vec<OsString>) -> i32 {
         report.link_problems = problems;
         report.median_bps = median;
         if !args.no_sweep {
-            report.sweep = Some(match (backend.as_str(), started) {
-                _ if plan.ranks.len() < 2 => not_run("one rank: there is no ring to sum over"),
-                ("ring", Ok(())) => sweep(plan, args.sweep_seconds, &report.links),
-                ("ring", Err(why)) => not_run(&why),
-                _ => not_run(
-                    "the sweep runs the ring backend; JACCL's RDMA cables are checked by the \
-                     host checks above",
-                ),
+            report.sweep = Some(match started {
+                _ if plan.ranks.len() < 2 => not_run("one rank: there is no group to sum over"),
+                Ok(()) => sweep::Sweep {
+                    backend: backend.clone(),
+                    ..sweep(plan, args.sweep_seconds, &report.links)
+                },
+                Err(why) => not_run(&why),
             });
         }
     }

@@ -3,7 +3,8 @@
 //! that bounds it.
 //!
 //! The sweep runs float32 all_sum over [`SIZES`] (4 KiB to 64 MiB) on the ring of this crate,
-//! one rank per rank of the job (`sweep_rank.rs`). Rank 0 paces it ([`Pacer`]): per size one
+//! or for a JACCL job on JACCL's mesh or ring of this crate (over RDMA, or TCP cables with
+//! `NUVEC_JACCL_FABRIC=tcp`), one rank per rank of the job (`sweep_rank.rs`). Rank 0 paces it ([`Pacer`]): per size one
 //! warm-up, then up to [`TIMED`] timed iterations, while the whole sweep stays within its
 //! budget (`--sweep-seconds`); an iteration is started only when the time it is predicted to
 //! take (the median of its size so far, or the previous size's scaled by the bytes) still fits, so
@@ -17,7 +18,10 @@
 //! the ring, so on full-duplex links busbw may exceed the slowest one-way link direction; on
 //! a 2-core machine it stays near it. [`Sweep::verdict`] compares the largest size's busbw
 //! with the slowest link direction the doctor measured ([`slowest`]): the ring goes at its
-//! slowest link's pace, so that direction is named.
+//! slowest link's pace, so that direction is named. For a JACCL job the links measured are
+//! its ranks' TCP connections to the coordinator, not its cables: over RDMA the comparison
+//! says how far the cables outrun (or trail) that network; over TCP cables, which leave from
+//! the addresses the ranks reach the coordinator from, it reads as for the ring.
 //!
 //! The ranks report in one JSON line each (`{"swept": Swept}`, [`Swept`]); [`combine`] turns
 //! them (or why a rank has none) into the report's [`Sweep`].
@@ -274,6 +278,8 @@ pub(crate) fn slowest(rows: &[Row]) -> Option<Slowest> {
 /// The sweep in the report.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub(crate) struct Sweep {
+    /// The job's backend: `ring`, `jaccl` or `jaccl-ring` (empty: the ring).
+    pub(crate) backend: String,
     /// The job's size.
     pub(crate) ranks: usize,
     /// The budget, seconds.
@@ -367,13 +373,18 @@ impl Sweep {
         if let Some(why) = &self.not_run {
             return vec![format!("all_sum sweep: not run ({why})")];
         }
+        let on = if matches!(self.backend.as_str(), "" | "ring") {
+            " on the ring"
+        } else {
+            ""
+        };
         let wire = self
             .wire
             .as_deref()
             .map_or(String::new(), |w| format!(", {w}"));
         let mut out = vec![format!(
-            "all_sum sweep (float32, {} ranks on the ring{wire}; the slowest rank's time, median \
-             of up to {TIMED} after a warm-up; {} s at most):",
+            "all_sum sweep (float32, {} ranks{on}{wire}; the slowest rank's time, median of up \
+             to {TIMED} after a warm-up; {} s at most):",
             self.ranks, self.budget_seconds
         )];
         let mut cells = vec![[

@@ -1,12 +1,13 @@
 //! `nuvec-launch probe --sweep` (hidden): one rank of the doctor's all_sum sweep. The doctor
 //! starts it on every rank's host exactly as it starts the probes (as a job's rank: `MLX_RANK`,
-//! `MLX_HOSTFILE`, `--cwd`, `--env`), after the probes have measured the links and quit.
+//! `MLX_HOSTFILE` or JACCL's variables, `--cwd`, `--env`), after the probes have measured the
+//! links and quit.
 //!
-//! It connects the ring of this crate (`nuvec_distributed::connect_ring`) over the job's host
-//! file with every port moved by `--offset`: the probe ports, the block right after the job's,
-//! as the link measurements used. Not the job's own ports, for the reasons the doctor's module
-//! doc gives (it never takes a port from a job that is starting, and leaves none in
-//! `TIME_WAIT` for the job after it; the ring binds with `SO_REUSEADDR`, so the probes'
+//! A ring job's rank connects the ring of this crate (`nuvec_distributed::connect_ring`) over
+//! the job's host file with every port moved by `--offset`: the probe ports, the block right
+//! after the job's, as the link measurements used. Not the job's own ports, for the reasons the
+//! doctor's module doc gives (it never takes a port from a job that is starting, and leaves none
+//! in `TIME_WAIT` for the job after it; the ring binds with `SO_REUSEADDR`, so the probes'
 //! connections closed just before do not keep it from the probe ports); whether the job's ports
 //! answer is what the link measurements checked. The addresses, hence the interfaces and
 //! routes, are the job's. `NUVEC_DISTRIBUTED_WIRE` and `NUVEC_DISTRIBUTED_KEY` are read as a
@@ -14,18 +15,36 @@
 //! for the timeout, which bounds connection setup and every operation by
 //! [`SETUP`] plus the budget.
 //!
+//! A JACCL job's rank (`MLX_IBV_DEVICES` set: `--backend jaccl` or `jaccl-ring`) reads JACCL's
+//! configuration as a rank does (`MLX_IBV_DEVICES`, `MLX_RANK`, `MLX_JACCL_COORDINATOR`,
+//! `MLX_JACCL_RING`), moves the coordinator by `--offset` (the probe port beside the job's,
+//! which the side channel binds with `SO_REUSEADDR` too) and connects with
+//! `nuvec_distributed::connect_jaccl` over the fabric `NUVEC_JACCL_FABRIC` names (`rdma`, the
+//! default, or `tcp`: JACCL's cables as TCP connections on ports the system picks) with the frame
+//! rule of `NUVEC_JACCL_FRAMES`. The RDMA fabric needs this program built with its feature
+//! `jaccl` and a verbs library with a device; without them the library's error is the rank's.
+//! Its all_sum is the one under a job's arrays (`nuvec_core::distributed::all_sum` over the
+//! group): the timed part is the array's evaluation, which copies the input once, as a job's
+//! does.
+//!
 //! Then it runs what `sweep.rs` plans: before each iteration an all_sum of one byte per rank
 //! in which only rank 0's byte is not zero carries rank 0's [`Step`] to every rank (and is the
-//! barrier); each iteration is `RingCommunicator::try_all_reduce` of float32 in place (the
-//! collective under a job's arrays), every element rank + 1, timed on each rank and checked
-//! against R(R+1)/2; when a size is done its times are reduced to the slowest rank's. It
-//! prints one line, `{"swept": Swept}`, and exits; a failure is the library's error in it.
+//! barrier); each iteration is an all_sum of float32 (the ring: `RingCommunicator::try_all_reduce`
+//! in place, the collective under a job's arrays), every element rank + 1, timed on each rank
+//! and checked against R(R+1)/2; when a size is done its times are reduced to the slowest
+//! rank's. It prints one line, `{"swept": Swept}`, and exits; a failure is the library's error
+//! in it.
 
 use std::time::{Duration, Instant};
 
-use nuvec_core::DType;
+use nuvec_core::distributed::{Group, all_max, all_sum};
+use nuvec_core::{Array, DType};
+use nuvec_distributed::jaccl::{Config, FrameRule, Topology};
 use nuvec_distributed::reduce::Reduction;
-use nuvec_distributed::{Options, RingCommunicator, TcpFabric, WireChoice, connect_ring, hostfile};
+use nuvec_distributed::{
+    JacclFabric, Options, RingCommunicator, TcpFabric, WireChoice, connect_jaccl, connect_ring,
+    hostfile,
+};
 
 use super::sweep::{Pacer, SIZES, SizeRow, Step, Swept};
 
@@ -79,6 +98,10 @@ fn connect_and_sweep(offset: u16, budget: Duration, swept: &mut Swept) -> Result
         .trim()
         .parse()
         .map_err(|_| "MLX_RANK is not a rank".to_owned())?;
+    // As `nuvec_distributed::init`: JACCL when its variables are set, else the ring.
+    if let Some(config) = Config::from_env().map_err(|e| e.to_string())? {
+        return jaccl(config, offset, budget, swept);
+    }
     let path = var("MLX_HOSTFILE")?;
     let nodes = hostfile::read(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
     swept.ranks = nodes.len();
@@ -96,14 +119,131 @@ fn connect_and_sweep(offset: u16, budget: Duration, swept: &mut Swept) -> Result
     result
 }
 
+/// Which fabric carries JACCL's frames and with which frame rule, as a rank reads them
+/// (`NUVEC_JACCL_FABRIC`, `NUVEC_JACCL_FRAMES`).
+fn jaccl_transport() -> Result<(JacclFabric, FrameRule), String> {
+    let read = |k: &str| std::env::var(k).map(|v| v.trim().to_ascii_lowercase());
+    let fabric = match read("NUVEC_JACCL_FABRIC").as_deref() {
+        Err(_) | Ok("" | "rdma") => JacclFabric::Rdma,
+        Ok("tcp") => JacclFabric::Tcp,
+        Ok(other) => return Err(format!("NUVEC_JACCL_FABRIC={other:?} is not rdma or tcp")),
+    };
+    let rule = match read("NUVEC_JACCL_FRAMES").as_deref() {
+        Err(_) | Ok("" | "small") => FrameRule::Small,
+        Ok("large") => FrameRule::Large,
+        Ok(other) => {
+            return Err(format!(
+                "NUVEC_JACCL_FRAMES={other:?} is not small or large"
+            ));
+        }
+    };
+    Ok((fabric, rule))
+}
+
+/// JACCL's group of this rank, its coordinator on the probe port, swept.
+fn jaccl(config: Config, offset: u16, budget: Duration, swept: &mut Swept) -> Result<(), String> {
+    swept.rank = config.rank();
+    swept.ranks = config.size();
+    let coordinator = config
+        .coordinator_address()
+        .ok_or_else(|| "MLX_JACCL_COORDINATOR is not set".to_owned())?;
+    let moved = shifted(coordinator, offset)?;
+    let config = config.coordinator(&moved);
+    let (fabric, rule) = jaccl_transport()?;
+    let topology = match config.topology().map_err(|e| e.to_string())? {
+        Topology::Mesh { wires } => format!("mesh of {wires} cable(s) per pair"),
+        Topology::Ring { wires } => format!("ring of {wires} cable(s) per direction"),
+    };
+    let group =
+        connect_jaccl(&config, fabric, rule, &options(budget)?).map_err(|e| e.to_string())?;
+    if group.size() < 2 {
+        return Err("a group of one rank has nothing to sum".to_owned());
+    }
+    let cables = match fabric {
+        JacclFabric::Rdma => "RDMA",
+        JacclFabric::Tcp => "TCP cables",
+    };
+    swept.wire = Some(format!("JACCL {topology}, {cables}"));
+    sweep(&Jaccl(group), budget, swept)
+}
+
+/// What the sweep reduces over: in place, returning the seconds the collective took.
+trait Collective {
+    /// Reduces `data` (elements of `dtype`) with `op` over every rank, in place.
+    fn reduce(&self, op: Reduction, dtype: DType, data: &mut [u8]) -> Result<f64, String>;
+}
+
+impl Collective for RingCommunicator<TcpFabric> {
+    fn reduce(&self, op: Reduction, dtype: DType, data: &mut [u8]) -> Result<f64, String> {
+        let t = Instant::now();
+        self.try_all_reduce(op, dtype, data)
+            .map_err(|e| e.to_string())?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+}
+
+/// A JACCL group, reduced as a job's arrays are.
+struct Jaccl(Group);
+
+/// The elements of `N` bytes each in `data`, read by `f`.
+fn elements<T, const N: usize>(data: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+    data.chunks_exact(N)
+        .map(|c| {
+            let mut a = [0u8; N];
+            a.copy_from_slice(c);
+            f(a)
+        })
+        .collect()
+}
+
+impl Collective for Jaccl {
+    fn reduce(&self, op: Reduction, dtype: DType, data: &mut [u8]) -> Result<f64, String> {
+        let e = |e: nuvec_core::Error| e.to_string();
+        let x = match dtype {
+            DType::U8 => Array::from_slice(data, [data.len()]),
+            DType::F32 => Array::from_slice(&elements(data, f32::from_ne_bytes), [data.len() / 4]),
+            DType::F64 => Array::from_slice(&elements(data, f64::from_ne_bytes), [data.len() / 8]),
+            other => return Err(format!("the sweep does not reduce {other:?}")),
+        };
+        x.eval().map_err(e)?;
+        let y = match op {
+            Reduction::Sum => all_sum(&x, Some(&self.0)),
+            Reduction::Max => all_max(&x, Some(&self.0)),
+            Reduction::Min => return Err("the sweep does not take a minimum".to_owned()),
+        };
+        let t = Instant::now();
+        y.eval().map_err(e)?;
+        let seconds = t.elapsed().as_secs_f64();
+        let bytes: Vec<u8> = match dtype {
+            DType::F32 => y
+                .to_vec::<f32>()
+                .map_err(e)?
+                .iter()
+                .flat_map(|v| v.to_ne_bytes())
+                .collect(),
+            DType::F64 => y
+                .to_vec::<f64>()
+                .map_err(e)?
+                .iter()
+                .flat_map(|v| v.to_ne_bytes())
+                .collect(),
+            _ => y.to_vec::<u8>().map_err(e)?,
+        };
+        if bytes.len() != data.len() {
+            return Err(format!(
+                "the all_sum returned {} bytes for {}",
+                bytes.len(),
+                data.len()
+            ));
+        }
+        data.copy_from_slice(&bytes);
+        Ok(seconds)
+    }
+}
+
 /// The iterations, as rank 0 paces them.
-fn sweep(
-    comm: &RingCommunicator<TcpFabric>,
-    budget: Duration,
-    swept: &mut Swept,
-) -> Result<(), String> {
+fn sweep(comm: &dyn Collective, budget: Duration, swept: &mut Swept) -> Result<(), String> {
     let (rank, n) = (swept.rank, swept.ranks);
-    let e = |e: nuvec_distributed::Error| e.to_string();
     let mut pacer = (rank == 0).then(|| Pacer::new(budget.as_secs_f64()));
     let start = Instant::now();
     let mine = ((rank + 1) as f32).to_ne_bytes();
@@ -117,15 +257,13 @@ fn sweep(
         if let Some(p) = pacer.as_mut() {
             control[0] = Step::encode(p.next(start.elapsed().as_secs_f64()));
         }
-        comm.try_all_reduce(Reduction::Sum, DType::U8, &mut control)
-            .map_err(e)?;
+        comm.reduce(Reduction::Sum, DType::U8, &mut control)?;
         let step = Step::decode(control[0]);
         if let Some(done) = current.filter(|&c| step.is_none_or(|s| s.size != c)) {
             // Every rank ran the same iterations: the slowest rank's time of each.
             if !times.is_empty() {
                 let mut bytes: Vec<u8> = times.iter().flat_map(|t| t.to_ne_bytes()).collect();
-                comm.try_all_reduce(Reduction::Max, DType::F64, &mut bytes)
-                    .map_err(e)?;
+                comm.reduce(Reduction::Max, DType::F64, &mut bytes)?;
                 let slowest: Vec<f64> = bytes
                     .chunks_exact(8)
                     .map(|b| {
@@ -148,10 +286,7 @@ fn sweep(
         for x in data.chunks_exact_mut(4) {
             x.copy_from_slice(&mine);
         }
-        let t = Instant::now();
-        comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data)
-            .map_err(e)?;
-        let seconds = t.elapsed().as_secs_f64();
+        let seconds = comm.reduce(Reduction::Sum, DType::F32, &mut data)?;
         if swept.wrong.is_none()
             && let Some(i) = data.chunks_exact(4).position(|x| x != sum)
         {
