@@ -107,13 +107,13 @@ the interface, address and MTU the traffic leaves from, round trips of 8 bytes (
 bulk bytes each way. The probes listen on the job's ports plus the number of ports the job
 uses (the block after the job's). Flags: a port that does not answer, a direction below 0.5x
 the median of the job's links, directions below 0.7x of each other, different MTUs, a host
-whose links use several interfaces. Then an all_sum sweep of the whole job,
-float32, 4 KiB to 64 MiB, on the ring of nuvec-distributed over the probe ports: per size the
-slowest rank's time and busbw (2(R-1)/R x bytes / time), the largest size set against the
-slowest link direction, which is named; a ring that cannot connect is a problem. JACCL jobs
-are swept on JACCL with the coordinator on the probe port: over RDMA (nuvec-launch built with
-the feature jaccl), or over TCP cables with --env NUVEC_JACCL_FABRIC=tcp. Exits with 1
-when a problem is found, 2 for a usage error, 0 otherwise."
+whose links use several interfaces. Then an all_sum sweep of the whole job, float32, 4 KiB
+to 64 MiB, over the probe ports: the ring of nuvec-distributed, or for a JACCL job its JACCL
+with the coordinator on the probe port, over RDMA (nuvec-launch built with the feature jaccl)
+or over TCP cables with --env NUVEC_JACCL_FABRIC=tcp. Per size the slowest rank's time and
+busbw (2(R-1)/R x bytes / time), the largest size set against the slowest link direction,
+which is named; a sweep that cannot connect is a problem. Exits with 1 when a problem is
+found, 2 for a usage error, 0 otherwise."
 )]
 pub(crate) struct DoctorArgs {
     /// A comma separated list of hosts (a ring over those that are addresses)
