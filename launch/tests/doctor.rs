@@ -33,7 +33,21 @@ fn the_doctor_names_each_mistake_of_a_recorded_cluster_and_passes_a_clean_one() 
 
 /// `n` consecutive free loopback ports: the first is the system's choice, the next ones are
 /// checked free (all released before returning; another process could take one meanwhile).
+/// One doctor at a time: a test's ports are free when picked, and another test's connections,
+/// whose ports the system picks, must not take them before its doctor listens.
+fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn free_ports(n: u16) -> u16 {
+    free_ports_held(n).0
+}
+
+/// `n` consecutive free loopback ports: the first, and a listener on each (dropped, they are
+/// free again).
+fn free_ports_held(n: u16) -> (u16, Vec<TcpListener>) {
     for _ in 0..100 {
         let first = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         let base = first.local_addr().expect("its address").port();
@@ -43,8 +57,8 @@ fn free_ports(n: u16) -> u16 {
         let rest: Result<Vec<TcpListener>, _> = (1..n)
             .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
             .collect();
-        if rest.is_ok() {
-            return base;
+        if let Ok(rest) = rest {
+            return (base, std::iter::once(first).chain(rest).collect());
         }
     }
     panic!("no {n} consecutive free loopback ports");
@@ -83,11 +97,14 @@ fn doctor(args: &[&str]) -> (String, Option<i32>) {
 
 #[test]
 fn a_sweep_whose_ring_cannot_form_is_a_problem_in_the_librarys_words_and_ends_soon() {
-    let port = free_ports(4);
+    let _one = exclusive();
+    let (port, mut held) = free_ports_held(4);
     // Rank 1's probe port, where its sweep's ring would listen, held by another program
-    // that takes every connection and closes it at once.
+    // that takes every connection and closes it at once (kept from when the ports were
+    // found free, so that nothing else takes it in between).
     let taken = port + 3;
-    let holder = TcpListener::bind(("127.0.0.1", taken)).expect("the port taken");
+    let holder = held.pop().expect("the fourth port's listener");
+    drop(held);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopping = stop.clone();
     let closer = std::thread::spawn(move || {
@@ -132,6 +149,7 @@ fn a_sweep_whose_ring_cannot_form_is_a_problem_in_the_librarys_words_and_ends_so
 
 #[test]
 fn the_doctor_sweeps_all_sum_over_a_ring_of_two_local_ranks_and_names_the_slowest_link() {
+    let _one = exclusive();
     // The job's two ports, then the probes' two, where the sweep's ring connects.
     let port = free_ports(4);
     let svg = std::env::temp_dir().join(format!("nuvec-doctor-sweep-{}.svg", std::process::id()));
@@ -199,6 +217,7 @@ fn the_doctor_sweeps_all_sum_over_a_ring_of_two_local_ranks_and_names_the_slowes
 
 #[test]
 fn the_doctor_sweeps_all_sum_over_a_jaccl_mesh_of_three_local_ranks_over_tcp_cables() {
+    let _one = exclusive();
     // The job's coordinator port, then the probe port beside it, where the sweep's coordinator
     // listens (JACCL's TCP cables take ports the system picks).
     let port = free_ports(2);
