@@ -190,7 +190,8 @@ impl<F: Fabric, S> State<F, S> {
         if result.is_ok()
             && let Some(record) = self.record.as_mut()
         {
-            record.end(None, fabric.now());
+            // The last clock reading of the operation's last step, not one more read.
+            record.end(None, fabric.recent());
         }
         if let Err(source) = result {
             let waited = fabric.now().saturating_sub(start);

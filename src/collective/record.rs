@@ -7,16 +7,20 @@
 //!
 //! A fixed ring buffer per group ([`capacity`]: `NUVEC_DISTRIBUTED_RECORD`, default 256
 //! operations, `0` turns it off), allocated when the group is made; an operation writes one
-//! slot of atomics at its start and at its end. Nothing is allocated per operation. Its times
-//! are the fabric's: the start is the one the communicator core reads anyway, the end one more
-//! read of the fabric's monotonic clock (the only one the record adds), turned into Unix time
-//! by one reading of the wall clock per group (at its first operation). Measured on the 2-core
-//! VM that runs CI (`what_an_operation_costs_the_recorder`, in release): 18 ns per operation
-//! for the slots, 47.5 ns with the end's clock read, against 3.9 µs (p50) for a 4 KiB all_sum
-//! of two ranks over local links measured right after (`cargo bench --bench allreduce --
-//! --ranks 2 --sizes 4K`): 1.2 %, of which the clock read is 0.7 %. The times follow the
-//! fabric's monotonic clock (in the simulator, virtual time, from a fixed epoch), so a wall
-//! clock set back or forward during the job does not reorder a rank's operations.
+//! slot of atomics at its start and at its end. Nothing is allocated per operation, and the
+//! clock is not read for the record: its times are the fabric's, the start the one the
+//! communicator core reads anyway, the end the fabric's latest reading
+//! ([`Fabric::recent`](crate::fabric::Fabric::recent): the TCP fabric reads its clock at every
+//! pass of a step, so the end is at most one pass early), turned into Unix time by one reading
+//! of the wall clock per group (at its first operation); a group counts its completed
+//! operations itself (no locked add on a counter the process shares) and Unix µs are worked
+//! out in u64. Measured on the 2-core VM that runs CI, twice, each time
+//! `what_an_operation_costs_the_recorder` (in release) then a 4 KiB all_sum of two ranks over
+//! local links (`cargo bench --bench allreduce -- --ranks 2 --sizes 4K`, p50): 26.9 ns against
+//! 3.1 µs (0.87 %), 19.6 ns against 2.7 µs (0.73 %). One more clock read for the end, as
+//! before, made it 47–55 ns (1.7 %). The times follow the fabric's monotonic clock (in the
+//! simulator, virtual time, from a fixed epoch), so a wall clock set back or forward during
+//! the job does not reorder a rank's operations.
 //!
 //! # Reading never blocks a collective
 //!
@@ -219,6 +223,9 @@ struct Ring {
     /// Whether the fabric fixes its clock's epoch (the simulator): the wall clock then says
     /// nothing of the record's times.
     fixed_epoch: bool,
+    /// Operations completed (its one writer adds with a load and a store, no locked add; the
+    /// progress file sums the groups').
+    completed: AtomicU64,
 }
 
 /// The writer's side of a group's record, held by its communicator core.
@@ -234,8 +241,31 @@ pub(crate) struct Record {
 struct Registry {
     rings: std::sync::Mutex<Vec<Weak<Ring>>>,
     groups: AtomicU64,
+    /// Operations completed by the groups that are gone.
     completed: AtomicU64,
     last_end_us: AtomicU64,
+}
+
+impl Registry {
+    /// Operations completed by the process's groups, live and gone.
+    fn completed(&self) -> u64 {
+        let rings = self.rings.lock().unwrap_or_else(PoisonError::into_inner);
+        let live: u64 = rings
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|r| r.completed.load(Ordering::Relaxed))
+            .sum();
+        self.completed.load(Ordering::Relaxed) + live
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Its count stays in the process's total.
+        registry()
+            .completed
+            .fetch_add(self.completed.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
 }
 
 fn registry() -> &'static Registry {
@@ -313,6 +343,7 @@ impl Record {
             running: AtomicU64::new(0),
             due: AtomicU64::new(u64::MAX),
             fixed_epoch: epoch_us.is_some(),
+            completed: AtomicU64::new(0),
         });
         let mut rings = registry
             .rings
@@ -341,7 +372,12 @@ impl Record {
     /// `at` on the fabric's clock as Unix time in µs (the first call reads the wall clock).
     fn unix_us(&mut self, at: Duration) -> u64 {
         let (unix, base) = *self.base.get_or_insert_with(|| (now_us(), at));
-        let since = u64::try_from(at.saturating_sub(base).as_micros()).unwrap_or(u64::MAX);
+        // In u64 arithmetic: `as_micros` divides a u128, twice an operation.
+        let since = at.saturating_sub(base);
+        let since = since
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(since.subsec_micros()));
         unix.saturating_add(since)
     }
 
@@ -430,7 +466,8 @@ impl Record {
             errors.push((index, error.to_string()));
         } else {
             let registry = registry();
-            registry.completed.fetch_add(1, Ordering::Relaxed);
+            let completed = &self.ring.completed;
+            completed.store(completed.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             registry.last_end_us.store(end, Ordering::Relaxed);
         }
     }
@@ -677,7 +714,7 @@ impl Look {
             self.answered = Some(id);
         }
         let registry = registry();
-        let completed = registry.completed.load(Ordering::Relaxed);
+        let completed = registry.completed();
         let due = match self.written {
             None => true,
             Some((n, at)) => n != completed && at.elapsed() >= PROGRESS_EVERY,

@@ -480,6 +480,15 @@ pub trait Fabric {
     fn epoch_us(&self) -> Option<u64> {
         None
     }
+
+    /// A recent reading of [`Fabric::now`]'s clock, for a caller that can take a time a little
+    /// old rather than read the clock again: the flight recorder's end of an operation, where
+    /// one more clock read was most of the recorder's cost. A fabric that reads its clock in
+    /// every pass of a step returns its latest reading (no older than the start of its last
+    /// step's last pass); the default reads the clock.
+    fn recent(&self) -> Duration {
+        self.now()
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for &mut F {
@@ -516,6 +525,9 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     fn epoch_us(&self) -> Option<u64> {
         (**self).epoch_us()
     }
+    fn recent(&self) -> Duration {
+        (**self).recent()
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for Box<F> {
@@ -551,6 +563,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn epoch_us(&self) -> Option<u64> {
         (**self).epoch_us()
+    }
+    fn recent(&self) -> Duration {
+        (**self).recent()
     }
 }
 

@@ -128,6 +128,9 @@ pub struct TcpFabric {
     poll: Poll,
     events: Events,
     epoch: Instant,
+    /// The latest reading of the clock ([`Fabric::recent`]): every step reads it at its start
+    /// and at each pass.
+    seen: std::cell::Cell<Duration>,
     /// When bytes last arrived from each peer.
     heard: Vec<Option<Duration>>,
     /// When a step that cannot progress looks again and when it parks in the poll.
@@ -268,6 +271,7 @@ impl TcpFabric {
             poll,
             events: Events::with_capacity(64),
             epoch: Instant::now(),
+            seen: std::cell::Cell::new(Duration::ZERO),
             waiter: Waiter::new(Spin::Adaptive(DEFAULT_SPIN)),
             watch: Watch::default(),
             native: Vec::new(),
@@ -742,7 +746,13 @@ impl Fabric for TcpFabric {
     }
 
     fn now(&self) -> Duration {
-        self.epoch.elapsed()
+        let now = self.epoch.elapsed();
+        self.seen.set(now);
+        now
+    }
+
+    fn recent(&self) -> Duration {
+        self.seen.get()
     }
 
     fn last_heard(&self, peer: usize) -> Option<Duration> {
