@@ -5,8 +5,8 @@
 //! local ranks a directory this launcher makes per job (`nuvec-launch-PID-records` in the
 //! temporary directory, removed at the end, by the watchdog too if the launcher dies), or
 //! `--dump-records DIR`, which is kept; for a remote rank a path on its host
-//! (`/tmp/nuvec-launch-records-PID-TIME`, made by the script's [`RecordDir::remote_prelude`], removed when the records are
-//! fetched at the end). What a rank writes there is the contract described in
+//! (`/tmp/nuvec-launch-records-PID-TIME`, made by the script's [`RecordDir::remote_prelude`], removed at the end: after
+//! the records are fetched, or at once when there is nothing to keep). What a rank writes there is the contract described in
 //! [`crate::records`].
 //!
 //! Asking ([`RecordDir::request`]): the file `request` is written with a new id, atomically
@@ -181,21 +181,10 @@ impl RecordDir {
         let deadline = Instant::now() + FETCH_WAIT;
         for (rank, host, mut child) in running {
             let part = self.path.join(format!("rank-{rank}.jsonl.part"));
-            let ok = loop {
-                match child.try_wait() {
-                    Ok(Some(status)) => break status.success(),
-                    Ok(None) if Instant::now() < deadline => {
-                        // Nothing to wake on but the child's end: a short ssh command.
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        unfinished.push(host);
-                        break false;
-                    }
-                }
-            };
+            let ok = wait_until(&mut child, deadline).unwrap_or_else(|| {
+                unfinished.push(host);
+                false
+            });
             let size = std::fs::metadata(&part).map_or(0, |m| m.len());
             if ok && size > 0 {
                 let _ = std::fs::rename(&part, self.path.join(format!("rank-{rank}.jsonl")));
@@ -204,31 +193,26 @@ impl RecordDir {
             }
         }
         if remove {
-            let mut hosts: Vec<&str> = ranks.iter().map(|(_, host)| host.as_str()).collect();
-            hosts.sort_unstable();
-            hosts.dedup();
-            hosts.retain(|host| !unfinished.contains(host));
-            let removing: Vec<Child> = hosts
-                .into_iter()
-                .filter_map(|host| ssh(host, &format!("rm -rf {dir}")).spawn().ok())
-                .collect();
-            // As long again as the copies could take: a short ssh command each.
-            let deadline = Instant::now() + FETCH_WAIT;
-            for mut child in removing {
-                loop {
-                    match child.try_wait() {
-                        Ok(Some(_)) => break,
-                        Ok(None) if Instant::now() < deadline => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        _ => {
-                            let _ = child.kill();
-                            let _ = child.wait();
-                            break;
-                        }
-                    }
-                }
-            }
+            self.remove_remote(ranks, &unfinished);
+        }
+    }
+
+    /// Removes the remote directory on the hosts of `ranks` (`(rank, host)`), but on those in
+    /// `except`, with `ssh HOST rm -rf`, at most [`FETCH_WAIT`] in all.
+    pub(crate) fn remove_remote(&self, ranks: &[(usize, String)], except: &[&str]) {
+        let dir = shell_quote(&self.remote);
+        let mut hosts: Vec<&str> = ranks.iter().map(|(_, host)| host.as_str()).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        hosts.retain(|host| !except.contains(host));
+        let removing: Vec<Child> = hosts
+            .into_iter()
+            .filter_map(|host| ssh(host, &format!("rm -rf {dir}")).spawn().ok())
+            .collect();
+        // As long again as the copies could take: a short ssh command each.
+        let deadline = Instant::now() + FETCH_WAIT;
+        for mut child in removing {
+            let _ = wait_until(&mut child, deadline);
         }
     }
 
@@ -259,4 +243,22 @@ fn ssh(host: &str, script: &str) -> Command {
         .stdin(Stdio::null())
         .stderr(Stdio::null());
     cmd
+}
+
+/// Waits for `child` until `deadline`, then kills it: whether it succeeded, `None` when it
+/// was cut off. Nothing to wake on but the child's end (a short ssh command): it is polled.
+fn wait_until(child: &mut Child, deadline: Instant) -> Option<bool> {
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status.success()),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
 }

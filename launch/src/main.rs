@@ -585,8 +585,11 @@ impl Job {
         if code != 0 && !self.interrupted {
             self.print_records();
         } else if let Some(dir) = &self.records {
-            // Kept records of remote ranks come back, whatever the outcome.
-            if !dir.temporary() {
+            // Kept records of remote ranks come back, whatever the outcome; the remote
+            // directories of temporary ones go.
+            if dir.temporary() {
+                dir.remove_remote(&self.remote_ranks(), &[]);
+            } else {
                 dir.fetch(&self.remote_ranks(), true);
             }
         }

@@ -1392,13 +1392,11 @@ exec sleep 30"#;
     assert_eq!(empty.code, Some(1), "{}", empty.describe());
 }
 
-#[test]
-fn a_remote_ranks_record_is_fetched_over_ssh_after_a_failure() {
-    let _job = procs::exclusive();
-    let tmp = scratch("remote-records");
+/// A `PATH` whose first directory (in `tmp`) holds a stand-in for ssh that runs its last
+/// argument (the script) here.
+fn fake_ssh_path(tmp: &Path) -> String {
     let bin = tmp.join("bin");
     std::fs::create_dir_all(&bin).expect("a bin directory");
-    // A stand-in for ssh, first on PATH: runs its last argument (the script) here.
     let ssh = bin.join("ssh");
     std::fs::write(
         &ssh,
@@ -1407,6 +1405,50 @@ fn a_remote_ranks_record_is_fetched_over_ssh_after_a_failure() {
     .expect("the fake ssh");
     let made = Command::new("chmod").arg("+x").arg(&ssh).status();
     assert!(made.is_ok_and(|s| s.success()), "chmod");
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// The remote record directory a rank's line `wrote DIR` names.
+fn remote_dir(done: &Ran) -> String {
+    let remote = done
+        .stderr
+        .lines()
+        .find_map(|l| l.split_once("wrote ").map(|(_, d)| d.trim().to_owned()))
+        .unwrap_or_else(|| panic!("{}", done.describe()));
+    assert!(remote.starts_with("/tmp/nuvec-launch-records-"), "{remote}");
+    remote
+}
+
+#[test]
+fn a_remote_ranks_record_directory_is_removed_after_a_job_that_succeeds() {
+    let _job = procs::exclusive();
+    let tmp = scratch("remote-records-ok");
+    let path = fake_ssh_path(&tmp);
+    // Rank 1 (through "ssh") says where its directory is and leaves a file in it.
+    let script = r#"d=$NUVEC_DISTRIBUTED_RECORD_DIR
+if [ "$MLX_RANK" = 1 ]; then echo "wrote $d" >&2; touch "$d/rank-1.progress"; fi"#;
+    let done = run(
+        nuvec_launch(
+            &tmp,
+            &["--hosts", "127.0.0.1,127.0.0.2", "--", "sh", "-c", script],
+        )
+        .env("PATH", path),
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code, Some(0), "{}", done.describe());
+    let remote = remote_dir(&done);
+    assert!(!Path::new(&remote).exists(), "{remote} was not removed");
+}
+
+#[test]
+fn a_remote_ranks_record_is_fetched_over_ssh_after_a_failure() {
+    let _job = procs::exclusive();
+    let tmp = scratch("remote-records");
+    let path = fake_ssh_path(&tmp);
     // Rank 1 (through "ssh") writes its record in the remote directory and fails.
     let script = r#"d=$NUVEC_DISTRIBUTED_RECORD_DIR; r=$MLX_RANK
 if [ "$r" = 1 ]; then
@@ -1414,11 +1456,6 @@ if [ "$r" = 1 ]; then
   echo "wrote $d" >&2; exit 4
 fi
 exec sleep 30"#;
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let done = run(
         nuvec_launch(
             &tmp,
@@ -1434,12 +1471,7 @@ exec sleep 30"#;
         "{}",
         done.describe()
     );
-    let remote = done
-        .stderr
-        .lines()
-        .find_map(|l| l.split_once("wrote ").map(|(_, d)| d.trim().to_owned()))
-        .unwrap_or_else(|| panic!("{}", done.describe()));
-    assert!(remote.starts_with("/tmp/nuvec-launch-records-"), "{remote}");
+    let remote = remote_dir(&done);
     assert!(!Path::new(&remote).exists(), "{remote} was not removed");
     // The "remote" script's own mktemp files (PID file, hostfile) stay, as mlx.launch's do
     // on a remote host; the launcher's local record directory does not.
