@@ -841,15 +841,7 @@ fn spawn_loop(
                 cmd.env(k, v);
             }
             let log = dir.join(format!("rank{rank}.log"));
-            let file = std::fs::File::create(&log).expect("a log");
-            let err = file.try_clone().expect("a log");
-            let child = c
-                .on(h, cmd)
-                .stdin(Stdio::null())
-                .stdout(Stdio::from(file))
-                .stderr(Stdio::from(err))
-                .spawn()
-                .expect("spawn a rank");
+            let child = spawn_logged(&mut c.on(h, cmd), &log);
             (child, log)
         })
         .collect()
@@ -1079,28 +1071,7 @@ fn a_cable_pulled_under_nuvec_launch_is_named_by_the_merged_records() {
     };
     let dir = procs::scratch("pulled-launch");
     let log = dir.join("launcher.log");
-    let mut args = strings(&[
-        "--hosts",
-        &c.host_list(&[0, 1, 2]),
-        "--backend",
-        "ring",
-        "--env",
-        &format!("{ROLE}=launched-loop"),
-        "--env",
-        &format!("{}={RANK_TEST}", procs::CHILD),
-        "--env",
-        "NUVEC_DISTRIBUTED_TIMEOUT=3",
-        "--",
-    ]);
-    args.extend(launched_argv());
-    let file = std::fs::File::create(&log).expect("a log");
-    let err = file.try_clone().expect("a log");
-    let child = launcher(&c, launcher::nuvec_launch(), &args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(file))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .expect("spawn the launcher");
+    let child = launched_ring_job(&c, "launched-loop", "3", &log);
     let logs = [log.clone()];
     for r in 0..3 {
         wait_for_line(
@@ -1150,28 +1121,7 @@ fn the_first_ctrl_c_across_hosts_prints_where_every_rank_is_and_the_second_stops
     };
     let dir = procs::scratch("ctrl-c-hosts");
     let log = dir.join("launcher.log");
-    let mut args = strings(&[
-        "--hosts",
-        &c.host_list(&[0, 1, 2]),
-        "--backend",
-        "ring",
-        "--env",
-        &format!("{ROLE}=stuck"),
-        "--env",
-        &format!("{}={RANK_TEST}", procs::CHILD),
-        "--env",
-        "NUVEC_DISTRIBUTED_TIMEOUT=60",
-        "--",
-    ]);
-    args.extend(launched_argv());
-    let file = std::fs::File::create(&log).expect("a log");
-    let err = file.try_clone().expect("a log");
-    let child = launcher(&c, launcher::nuvec_launch(), &args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(file))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .expect("spawn the launcher");
+    let child = launched_ring_job(&c, "stuck", "60", &log);
     let pid = child.id().to_string();
     let logs = [log.clone()];
     for r in 0..3 {
@@ -1226,6 +1176,37 @@ fn the_first_ctrl_c_across_hosts_prints_where_every_rank_is_and_the_second_stops
         "MEASURED Ctrl-C across hosts, stopped {:.1} s after the second:\n{out}",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// `cmd` started with no input and both output streams in the file `log`.
+fn spawn_logged(cmd: &mut Command, log: &Path) -> Child {
+    let file = std::fs::File::create(log).expect("a log");
+    let err = file.try_clone().expect("a log");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"))
+}
+
+/// nuvec-launch on host 0 running a ring of this binary's `role` on hosts 0, 1 and 2 with
+/// the operation deadline `timeout` (seconds), its output in `log`.
+fn launched_ring_job(c: &Cluster, role: &str, timeout: &str, log: &Path) -> Child {
+    let mut args = strings(&[
+        "--hosts",
+        &c.host_list(&[0, 1, 2]),
+        "--backend",
+        "ring",
+        "--env",
+        &format!("{ROLE}={role}"),
+        "--env",
+        &format!("{}={RANK_TEST}", procs::CHILD),
+        "--env",
+        &format!("NUVEC_DISTRIBUTED_TIMEOUT={timeout}"),
+        "--",
+    ]);
+    args.extend(launched_argv());
+    spawn_logged(&mut launcher(c, launcher::nuvec_launch(), &args), log)
 }
 
 /// Checks that every rank of `done` failed within `within` of the pull at `pulled`, naming a
@@ -1677,15 +1658,7 @@ fn stranger_during_setup(
             cmd.env("NUVEC_CLUSTER_GATE", &gate);
         }
         let log = dir.join(format!("rank{rank}.log"));
-        let file = std::fs::File::create(&log).expect("a log");
-        let err = file.try_clone().expect("a log");
-        let child = c
-            .on(h, cmd)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(file))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("spawn a rank");
+        let child = spawn_logged(&mut c.on(h, cmd), &log);
         ranks.push((child, log));
     }
     let mut s = rank_command("stranger");
