@@ -294,7 +294,8 @@ pub(crate) struct Sweep {
     pub(crate) slowest: Option<Slowest>,
     /// The largest size's busbw over the slowest direction's rate.
     pub(crate) of_slowest: Option<f64>,
-    /// Why the sweep did not run (`--no-sweep` aside): a backend it does not cover.
+    /// Why the sweep did not run (`--no-sweep` aside): a job of one rank, or probes that
+    /// could not be started.
     pub(crate) not_run: Option<String>,
     /// What went wrong, per rank, in words: each is a problem.
     pub(crate) problems: Vec<String>,
