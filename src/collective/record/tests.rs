@@ -144,18 +144,26 @@ fn a_reader_never_sees_a_slot_half_written() {
     let mut record = Record::new(0, 14, 4, None).expect("a record");
     let ring = record.ring.clone();
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // Both threads start together, and the reader reads once more after the writer stops: on a
+    // busy machine the writer could otherwise finish before the reader first ran.
+    let start = std::sync::Barrier::new(2);
     std::thread::scope(|s| {
         let reader = s.spawn(|| {
+            start.wait();
             let mut seen = 0u64;
-            while !stop.load(Ordering::Relaxed) {
+            loop {
+                let last = stop.load(Ordering::Acquire);
                 for e in ring.entries().0 {
                     // Every operation below is written with seq == bytes.
                     assert_eq!(e.seq, e.bytes, "{e:?}");
                     seen += 1;
                 }
+                if last {
+                    return seen;
+                }
             }
-            seen
         });
+        start.wait();
         for n in 0..200_000usize {
             record.begin(
                 &Call::new("all_max", n),
@@ -165,7 +173,7 @@ fn a_reader_never_sees_a_slot_half_written() {
             );
             record.end(None, Duration::ZERO);
         }
-        stop.store(true, Ordering::Relaxed);
+        stop.store(true, Ordering::Release);
         assert!(reader.join().expect("the reader") > 0);
     });
 }
