@@ -2,9 +2,10 @@
 //! and a diagnosis (`nuvec-launch diagnose DIR`, the failure summary, the hang report).
 //!
 //! The files are the contract between the ranks and the launcher (a rank writes them when
-//! its group fails, or when the launcher asks by writing `request`); their format, by line:
+//! its group fails, when the launcher asks by writing `request`, and as it exits); their
+//! format, by line:
 //!
-//! - a header, `{"record":1,"rank":R,"size":N,"host":..,"pid":..,"reason":"failure"|"request",
+//! - a header, `{"record":1,"rank":R,"size":N,"host":..,"pid":..,"reason":"failure"|"request"|"exit",
 //!   "request":ID|null,"at_us":T,"capacity":C,"dropped":D}`;
 //! - then one line per operation, oldest first: `{"group","group_rank","group_size","seq",
 //!   "op","dtype","bytes","peers","start_us","end_us","state","waiting_on","moved","error"}`,
@@ -208,7 +209,7 @@ pub(crate) struct Row {
     pub(crate) rank: usize,
     /// Its host.
     pub(crate) host: String,
-    /// Why it wrote its record (`failure`, `request`).
+    /// Why it wrote its record (`failure`, `request`, `exit`).
     pub(crate) reason: String,
     /// The operation, when it had done any.
     pub(crate) op: Option<Op>,
@@ -304,7 +305,7 @@ pub(crate) fn diagnose(
         .collect();
     let missing: Vec<usize> = (0..size).filter(|r| !by_rank.contains_key(r)).collect();
     let mut findings = Vec::new();
-    mismatches(&rows, &mut findings);
+    let disagree = mismatches(&collectives(&by_rank), &mut findings);
     behind(&rows, &mut findings);
     for &r in gone {
         findings.push(format!("rank {r} is gone: its process has exited"));
@@ -326,7 +327,14 @@ pub(crate) fn diagnose(
             duration(l.timeout_us)
         ));
     }
-    if let Some(f) = first_failure(records, ended, &late) {
+    let disagree = disagree.first().map(|&(group, seq)| {
+        if group == "world" {
+            format!("#{seq}")
+        } else {
+            format!("#{seq} of group {group}")
+        }
+    });
+    if let Some(f) = first_failure(records, ended, &late, disagree.as_deref()) {
         findings.push(f);
     }
     Diagnosis {
@@ -341,19 +349,32 @@ pub(crate) fn diagnose(
 /// The ranks of one operation by element type and size.
 type Shapes = BTreeMap<(Option<String>, u64), Vec<usize>>;
 
+/// The collectives every rank recorded, with its rank: all of them, not only the one it is
+/// in, so that ranks that went on (on MLX's wire a mismatched collective can return wrong
+/// numbers without an error) still meet the others at the step where they parted.
+fn collectives<'a>(records: &BTreeMap<usize, &'a Record>) -> Vec<(usize, &'a Op)> {
+    records
+        .iter()
+        .flat_map(|(&rank, r)| {
+            r.ops
+                .iter()
+                .filter(|o| o.collective())
+                .map(move |o| (rank, o))
+        })
+        .collect()
+}
+
 /// Ranks in different operations (or types, or sizes) at the same sequence number of a
-/// group.
-fn mismatches(rows: &[Row], findings: &mut Vec<String>) {
+/// group; returns those steps (group, sequence number), earliest first.
+fn mismatches<'a>(ops: &[(usize, &'a Op)], findings: &mut Vec<String>) -> Vec<(&'a str, u64)> {
+    let mut steps = Vec::new();
     let mut at: BTreeMap<(&str, u64), BTreeMap<String, Vec<usize>>> = BTreeMap::new();
-    for row in rows {
-        let Some(op) = row.op.as_ref().filter(|o| o.collective()) else {
-            continue;
-        };
+    for &(rank, op) in ops {
         at.entry((op.group.as_str(), op.seq))
             .or_default()
             .entry(op.op.clone())
             .or_default()
-            .push(row.rank);
+            .push(rank);
     }
     for ((group, seq), ops) in &at {
         if ops.len() > 1 {
@@ -371,6 +392,7 @@ fn mismatches(rows: &[Row], findings: &mut Vec<String>) {
                     format!("{}{verb} in {name} #{seq}", ranks_text(ranks))
                 })
                 .collect();
+            steps.push((*group, *seq));
             let group = if *group == "world" {
                 String::new()
             } else {
@@ -384,18 +406,15 @@ fn mismatches(rows: &[Row], findings: &mut Vec<String>) {
     }
     // The same operation with different element types or sizes.
     let mut kinds: BTreeMap<(&str, u64, &str), Shapes> = BTreeMap::new();
-    for row in rows {
-        let Some(op) = row.op.as_ref().filter(|o| o.collective()) else {
-            continue;
-        };
+    for &(rank, op) in ops {
         kinds
             .entry((op.group.as_str(), op.seq, op.op.as_str()))
             .or_default()
             .entry((op.dtype.clone(), op.bytes))
             .or_default()
-            .push(row.rank);
+            .push(rank);
     }
-    for ((_, seq, name), shapes) in &kinds {
+    for ((group, seq, name), shapes) in &kinds {
         if shapes.len() > 1 {
             let text: Vec<String> = shapes
                 .iter()
@@ -408,8 +427,36 @@ fn mismatches(rows: &[Row], findings: &mut Vec<String>) {
                 "ranks disagree on {name} #{seq}: {}",
                 text.join("; ")
             ));
+            steps.push((*group, *seq));
         }
     }
+    steps.sort_by_key(|&(group, seq)| (seq, group));
+    steps.dedup();
+    // A rank that completed such a step returned something: on MLX's wire, which carries no
+    // call to check, numbers computed from another operation's bytes.
+    for &(group, seq) in &steps {
+        let mut done: Vec<usize> = ops
+            .iter()
+            .filter(|(_, o)| o.group == group && o.seq == seq && o.state == "done")
+            .map(|&(rank, _)| rank)
+            .collect();
+        done.sort_unstable();
+        done.dedup();
+        if !done.is_empty() {
+            let group = if group == "world" {
+                String::new()
+            } else {
+                format!(" of group {group}")
+            };
+            findings.push(format!(
+                "{} returned from step #{seq}{group} without an error although the programs \
+                 disagree there (MLX's wire carries no call to check): what {} returned is wrong",
+                ranks_text(&done),
+                if done.len() == 1 { "it" } else { "they" }
+            ));
+        }
+    }
+    steps
 }
 
 /// Ranks behind the others in a group's collectives, while the others wait.
@@ -539,14 +586,17 @@ fn timed_out_after_us(error: &str) -> Option<u64> {
 /// The first failure: the earliest failed operation by `end_us`, unless the errors are
 /// consequences ([`failure::blames_a_peer`]: a closed connection, a silent link, the group
 /// failed earlier) naming a rank (`rank P link L`) that recorded no error of its own. Such a
-/// rank is the cause: a rank that panicked or was killed writes no record (a panic unwinds
-/// past a group that lives in the program's registry, a signal leaves no chance), so its
-/// neighbours' errors are the only failures on file and the earliest of them names a victim.
-/// `ended` says how ranks the launcher saw fail on their own ended ("exit code 101").
+/// rank is the cause: a rank that was killed writes no record, one whose panic ended its
+/// program writes one with no error as it exits, so its neighbours' errors are the only
+/// failures on file and the earliest of them names a victim.
+/// `ended` says how ranks the launcher saw fail on their own ended ("exit code 101"). Where
+/// the programs disagree (`disagree`: the earliest such step) such errors are that
+/// disagreement's consequence, and are said to be.
 fn first_failure(
     records: &[Record],
     ended: &[(usize, String)],
     late: &[Late<'_>],
+    disagree: Option<&str>,
 ) -> Option<String> {
     let mut failed: Vec<(u64, usize, &Op)> = records
         .iter()
@@ -555,6 +605,22 @@ fn first_failure(
         .filter_map(|(r, o)| Some((o.end_us?, r, o)))
         .collect();
     failed.sort_by_key(|(end, r, _)| (*end, *r));
+    // Where the programs disagree, a failure that blames a peer (a connection closed by a
+    // rank that went on, a timeout on one that waits elsewhere) is the disagreement's doing,
+    // whoever it names.
+    if let (Some(step), Some(&(_, rank, op))) = (disagree, failed.first())
+        && op
+            .error
+            .as_deref()
+            .is_some_and(|e| failure::blames_a_peer(&[e.to_owned()]))
+    {
+        return Some(format!(
+            "the first failure by time, a consequence of the disagreement at step {step}: \
+             rank {rank}, {}: {}",
+            op_name(op),
+            op.error.as_deref().unwrap_or("(no error text)")
+        ));
+    }
     // A rank that was not running while the others timed out is the cause of their
     // failures, whichever peer each names: the earliest to stop running.
     if let (Some(l), Some(&(_, first, op))) = (late.first(), failed.first())
@@ -1263,5 +1329,36 @@ mod tests {
         let mut b = record(1, &[]);
         b.header.request = Some(6);
         assert_eq!(answered(&[a, b], 7), BTreeSet::from([0]));
+    }
+
+    #[test]
+    fn ranks_that_went_on_past_a_disagreement_are_met_at_it_and_their_results_called_wrong() {
+        // MLX's wire: ranks 0, 2, 3 completed all_sum #1 and went on to #2 (their records
+        // written as they exited), rank 1's all_gather #1 failed on a connection rank 2 closed.
+        let gather = op(1, "all_gather", "failed", Some(T + 3000), &[]).replace(
+            "rank 1: the connection",
+            "receiving from rank 2 link 0: the connection",
+        );
+        let mut records = vec![record(1, &[done(0, "all_sum"), gather])];
+        for r in [0, 2, 3] {
+            records.push(record(
+                r,
+                &[done(0, "all_sum"), done(1, "all_sum"), done(2, "all_max")],
+            ));
+        }
+        let d = diagnose(&records, Some(4), &[], &[], Vec::new());
+        assert_eq!(
+            d.findings,
+            [
+                "different operations at the same step: rank 1 is in all_gather #1, ranks 0, 2, \
+                 3 in all_sum #1",
+                "ranks 0, 2, 3 returned from step #1 without an error although the programs \
+                 disagree there (MLX's wire carries no call to check): what they returned is \
+                 wrong",
+                "the first failure by time, a consequence of the disagreement at step #1: rank \
+                 1, all_gather #1: receiving from rank 2 link 0: the connection was closed by \
+                 the peer",
+            ]
+        );
     }
 }

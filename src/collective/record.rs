@@ -35,7 +35,8 @@
 //!
 //! With `NUVEC_DISTRIBUTED_RECORD_DIR` set (`nuvec-launch` sets it; set it by hand under
 //! `mlx.launch`), a rank writes its record as JSON lines to `rank-<R>.jsonl` there (R: the rank
-//! of the job, `MLX_RANK`) when one of its groups fails, and when asked: a file `request` in
+//! of the job, `MLX_RANK`) when one of its groups fails, as it exits (unless the file already
+//! holds its last operation: see [`dump_at_exit`]), and when asked: a file `request` in
 //! that directory whose content (a number) changed since the rank last answered. A thread of
 //! the recorder looks for it every 100 ms; a library must not take a signal from its program,
 //! so there is no signal to ask with. The same thread keeps `rank-<R>.progress` current (the
@@ -244,6 +245,9 @@ struct Registry {
     /// Operations completed by the groups that are gone.
     completed: AtomicU64,
     last_end_us: AtomicU64,
+    /// The groups' [`stamp`] when the record was last written to the record directory
+    /// (`u64::MAX`: never).
+    written: AtomicU64,
 }
 
 impl Registry {
@@ -275,7 +279,25 @@ fn registry() -> &'static Registry {
         groups: AtomicU64::new(0),
         completed: AtomicU64::new(0),
         last_end_us: AtomicU64::new(0),
+        written: AtomicU64::new(u64::MAX),
     })
+}
+
+/// What has happened in the process's live groups: their operations begun and completed. A
+/// record written at one stamp holds everything up to it.
+fn stamp() -> u64 {
+    registry()
+        .rings
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter_map(Weak::upgrade)
+        .map(|r| {
+            r.started
+                .load(Ordering::Relaxed)
+                .wrapping_add(r.completed.load(Ordering::Relaxed))
+        })
+        .fold(0, u64::wrapping_add)
 }
 
 /// The recorder's settings, read once from the environment (`init` has checked them).
@@ -649,9 +671,13 @@ fn file_stem() -> String {
     format!("rank-{rank}")
 }
 
-/// Writes `text` to `path` through a temporary file and a rename.
+/// Writes `text` to `path` through a temporary file and a rename. Each write has its own
+/// temporary file: the recorder's thread and an exiting or failing operation may write the
+/// same file at once.
 fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_extension(format!("{n}.tmp"));
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
 }
@@ -663,12 +689,47 @@ pub(crate) fn dump_on_failure() {
     }
 }
 
+/// Writes the process's record to the record directory, if one is set and the file there
+/// (if any) is older than the groups' last operation: as the process exits (from `main` or
+/// `std::process::exit`, a panic that ends `main` included; not on a signal). The ranks of a
+/// job that returned without an error, wrong numbers included (a mismatch on MLX's wire, which
+/// cannot see it), are then in the merged records beside the ones that failed.
+fn dump_at_exit() {
+    if let Some(dir) = &settings().dir
+        && registry().written.load(Ordering::Relaxed) != stamp()
+    {
+        let _ = dump_to(dir, "exit", None);
+    }
+}
+
 /// Writes the process's record to `dir`, as `rank-<R>.jsonl`.
 fn dump_to(dir: &Path, reason: &str, request: Option<u64>) -> std::io::Result<PathBuf> {
     let path = dir.join(format!("{}.jsonl", file_stem()));
+    // Before the text is read: an operation that begins meanwhile makes the stamp stale.
+    let stamp = stamp();
     write_atomically(&path, &dump_text(reason, request))?;
+    registry().written.store(stamp, Ordering::Relaxed);
     Ok(path)
 }
+
+/// Registers [`dump_at_exit`] with the C library's `atexit`, which runs it as the process
+/// exits normally. No other hook sees `std::process::exit`: Rust runs no destructors there.
+#[cfg(any(target_os = "linux", target_vendor = "apple"))]
+fn dump_at_exit_registered() {
+    extern "C" fn at_exit() {
+        // Unwinding out of an `extern "C"` function aborts: a panic stays here.
+        let _ = std::panic::catch_unwind(dump_at_exit);
+    }
+    // SAFETY: `atexit` only stores the pointer to `at_exit`, a function with the C ABI and
+    // no arguments that lives as long as the process (it is not in a library that could be
+    // unloaded: it is linked into the program) and never unwinds; called once per process
+    // (under `watch`'s `OnceLock`), far below the C library's limit of 32 registrations.
+    let _ = unsafe { libc::atexit(at_exit) };
+}
+
+/// Elsewhere no record is written at exit.
+#[cfg(not(any(target_os = "linux", target_vendor = "apple")))]
+fn dump_at_exit_registered() {}
 
 /// Starts the recorder's thread once per process, if a record directory is set: it answers
 /// requests and keeps the progress file current.
@@ -681,6 +742,7 @@ fn watch() {
         let _ = std::thread::Builder::new()
             .name("nuvec-record".into())
             .spawn(move || watch_loop(&dir));
+        dump_at_exit_registered();
     });
 }
 

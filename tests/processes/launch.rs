@@ -86,14 +86,15 @@ fn fail_after_all_sum() {
     }
 }
 
-/// Runs one all_sum; then rank 1 calls all_gather where the others call all_sum (on the
-/// nuvec wire, which every rank of this crate agrees on): each rank prints its error and
-/// exits with code 3.
+/// Runs one all_sum; then rank 1 calls all_gather where the others call all_sum. On the
+/// nuvec wire, which every rank of this crate agrees on, each rank prints its error and exits
+/// with code 3; on MLX's wire some ranks print wrong numbers and exit 0, and the others time
+/// out and exit 3.
 fn mismatch_after_all_sum() {
     use nuvec_core::{array, distributed};
     println!("FIRST {}", launched_all_sum());
     let rank = nuvec_distributed::init(true).expect("the group").rank();
-    let x = array![1.0f32];
+    let x = array![1.0f32, 2.0, 3.0, 4.0];
     let second = if rank == 1 {
         distributed::all_gather(&x, None)
     } else {
@@ -905,14 +906,18 @@ fn failing_job(name: &str, role: &str, how: &str) -> Failed {
         "--env",
         &failure,
         "--env",
-        // A stopped rank is found by the others' deadline: a short one.
-        if how == "sigstop" {
+        // A stopped rank, or a mismatch on MLX's wire, is found by the others' deadline: a
+        // short one.
+        if how == "sigstop" || how == "mlx-wire" {
             "NUVEC_DISTRIBUTED_TIMEOUT=3"
         } else {
             "NUVEC_DISTRIBUTED_TIMEOUT=20"
         },
-        "--",
     ];
+    if how == "mlx-wire" {
+        args.extend(["--env", "NUVEC_DISTRIBUTED_WIRE=mlx"]);
+    }
+    args.push("--");
     let command = rank_command();
     args.extend(command.iter().map(String::as_str));
     let job = run(&mut nuvec_launch(&tmp, &args), Duration::from_secs(120));
@@ -936,9 +941,11 @@ fn launcher_lines(stderr: &str) -> Vec<&str> {
 /// What every summary of [`failing_job`] says of rank 1, the culprit: named first (the
 /// first launcher line starts with `first`), MLX's line for it (`node`) before the others',
 /// never called killed, what the others did in consequence, and the ranks' merged flight
-/// records naming it as the first failure, with how it ended (it left no record: a rank
-/// that panics or is killed writes none).
-fn assert_rank_1_named_first(failed: &Failed, first: &str, node: &str) {
+/// records naming it as the first failure, with how it ended and what of its record: `left`
+/// as the launcher says it (`ended with exit code 101, its record showing no error`: a rank
+/// whose panic ends its program writes its record as it exits; `ended with signal ... and
+/// left no record`: a killed one writes none), `alone` as `diagnose` says it from the files.
+fn assert_rank_1_named_first(failed: &Failed, first: &str, node: &str, left: &str, alone: &str) {
     let done = &failed.job;
     let ours = launcher_lines(&done.stderr);
     assert!(
@@ -969,19 +976,16 @@ fn assert_rank_1_named_first(failed: &Failed, first: &str, node: &str) {
         "{}",
         done.describe()
     );
+    let named = format!("- the first failure: rank 1, which {left}; ");
     assert!(
-        done.stderr.lines().any(|l| l
-            .starts_with("- the first failure: rank 1, which ended with ")
-            && l.contains(" and left no record; ")),
+        done.stderr.lines().any(|l| l.starts_with(&named)),
         "the merged records name rank 1 too: {}",
         done.describe()
     );
     let diagnosed = &failed.diagnosed;
+    let named = format!("- the first failure: rank 1, which {alone}; ");
     assert!(
-        diagnosed
-            .stdout
-            .lines()
-            .any(|l| l.starts_with("- the first failure: rank 1, which left no record; ")),
+        diagnosed.stdout.lines().any(|l| l.starts_with(&named)),
         "diagnose names rank 1 from the files alone: {}",
         diagnosed.describe()
     );
@@ -997,6 +1001,8 @@ fn a_rank_that_panics_is_named_first_with_its_message_and_its_status_is_the_jobs
             &failed,
             "[ERROR] rank 1 failed first: exit code 101, ",
             "[WARN] Node with rank 1 exited with code 101",
+            "ended with exit code 101, its record showing no error",
+            "recorded no error",
         );
         assert!(
             launcher_lines(&done.stderr)
@@ -1016,6 +1022,8 @@ fn a_rank_that_is_sigkilled_is_named_with_the_signal_and_the_job_exits_137() {
         &failed,
         "[ERROR] rank 1 failed first: signal SIGKILL (status 137), ",
         "[WARN] Node with rank 1 exited with code 137 (signal SIGKILL)",
+        "ended with signal SIGKILL (status 137) and left no record",
+        "left no record",
     );
 }
 
@@ -1063,6 +1071,36 @@ fn a_rank_that_calls_another_collective_is_named_by_the_merged_records_and_diagn
         "{}",
         failed.diagnosed.describe()
     );
+}
+
+#[test]
+fn a_rank_that_calls_another_collective_on_mlxs_wire_is_named_by_the_records_the_ranks_write_as_they_exit()
+ {
+    // MLX's wire carries no call: rank 1's all_gather and its neighbours' all_sums exchange
+    // bytes that fit, some ranks return wrong numbers and exit 0, the others time out. The
+    // ranks that exit 0 write their records as they exit, so the merged records still meet
+    // every rank at the step where the programs parted.
+    let failed = failing_job("mismatch-mlx", "mismatch-after-all-sum", "mlx-wire");
+    let done = &failed.job;
+    assert_eq!(done.code, Some(3), "{}", done.describe());
+    let finding = "- different operations at the same step: rank 1 is in all_gather #1, ranks \
+                   0, 2, 3 in all_sum #1";
+    // Which ranks return (wrong numbers) and which time out depends on timing; some return.
+    let wrong = " returned from step #1 without an error although the programs disagree there \
+                 (MLX's wire carries no call to check): what ";
+    let first = "- the first failure by time, a consequence of the disagreement at step #1: rank ";
+    for (out, describe) in [
+        (&done.stderr, done.describe()),
+        (&failed.diagnosed.stdout, failed.diagnosed.describe()),
+    ] {
+        assert!(out.lines().any(|l| l == finding), "{describe}");
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("- ") && l.contains(wrong)),
+            "{describe}"
+        );
+        assert!(out.lines().any(|l| l.starts_with(first)), "{describe}");
+    }
 }
 
 #[test]
