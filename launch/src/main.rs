@@ -581,9 +581,11 @@ impl Job {
         self.supervise(failed, &mut watchdog);
         self.drain();
         self.finish_kill_scripts();
-        let code = self.summarize();
+        let mut code = self.summarize();
         if code != 0 && !self.interrupted {
             self.print_records();
+        } else if code == 0 && !self.interrupted {
+            code = self.check_records();
         } else if let Some(dir) = &self.records {
             // Kept records of remote ranks come back, whatever the outcome; the remote
             // directories of temporary ones go.
@@ -672,6 +674,30 @@ impl Job {
         let _ = std::io::stderr()
             .lock()
             .write_all(records::render(&diagnosis).as_bytes());
+    }
+
+    /// After every rank exited 0: the records they wrote as they exited, merged (fetched from
+    /// remote hosts, whose directories then go). Where the ranks' programs disagree, a rank
+    /// returned numbers computed from another operation's bytes (MLX's wire carries no call
+    /// to check): the merged records are printed and the job's status is 1, not 0.
+    fn check_records(&self) -> i32 {
+        let Some(dir) = &self.records else { return 0 };
+        dir.fetch(&self.remote_ranks(), true);
+        let (found, problems) = dir.read();
+        let diagnosis = records::diagnose(&found, Some(self.ranks.len()), &[], &[], problems);
+        if !diagnosis.disagree {
+            return 0;
+        }
+        log(
+            "31",
+            "[ERROR]",
+            "every rank exited 0, but the ranks' programs disagree: what some returned is wrong; \
+             the ranks' flight records:",
+        );
+        let _ = std::io::stderr()
+            .lock()
+            .write_all(records::render(&diagnosis).as_bytes());
+        1
     }
 
     /// The hang report: asks every rank still running for its record, waits for their

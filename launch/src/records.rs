@@ -231,6 +231,10 @@ pub(crate) struct Diagnosis {
     pub(crate) findings: Vec<String>,
     /// Files that could not be read.
     pub(crate) problems: Vec<String>,
+    /// Whether the ranks' programs disagree at some step: different operations, types or
+    /// sizes at one sequence number of a group.
+    #[serde(skip)]
+    pub(crate) disagree: bool,
 }
 
 /// The operation a rank is in (its newest running one) or, when none runs, its last.
@@ -343,6 +347,7 @@ pub(crate) fn diagnose(
         missing,
         findings,
         problems,
+        disagree: disagree.is_some(),
     }
 }
 
@@ -352,8 +357,13 @@ type Shapes = BTreeMap<(Option<String>, u64), Vec<usize>>;
 /// The collectives every rank recorded, with its rank: all of them, not only the one it is
 /// in, so that ranks that went on (on MLX's wire a mismatched collective can return wrong
 /// numbers without an error) still meet the others at the step where they parted.
+///
+/// A sub-group is named by the order in which each process made it (`group-1`, ...), so
+/// disjoint groups (a split into {0, 1} and {2, 3}) can share a name: a sub-group's name under
+/// which two ranks claim the same group rank is left out rather than compared across groups
+/// (`world`, every process's first group, is the job's).
 fn collectives<'a>(records: &BTreeMap<usize, &'a Record>) -> Vec<(usize, &'a Op)> {
-    records
+    let all: Vec<(usize, &Op)> = records
         .iter()
         .flat_map(|(&rank, r)| {
             r.ops
@@ -361,6 +371,25 @@ fn collectives<'a>(records: &BTreeMap<usize, &'a Record>) -> Vec<(usize, &'a Op)
                 .filter(|o| o.collective())
                 .map(move |o| (rank, o))
         })
+        .collect();
+    let mut members: BTreeMap<&str, BTreeMap<usize, BTreeSet<usize>>> = BTreeMap::new();
+    for &(rank, op) in &all {
+        members
+            .entry(op.group.as_str())
+            .or_default()
+            .entry(op.group_rank)
+            .or_default()
+            .insert(rank);
+    }
+    let shared: BTreeSet<&str> = members
+        .iter()
+        .filter(|&(&name, by_rank)| {
+            name != "world" && by_rank.values().any(|ranks| ranks.len() > 1)
+        })
+        .map(|(&name, _)| name)
+        .collect();
+    all.into_iter()
+        .filter(|(_, op)| !shared.contains(op.group.as_str()))
         .collect()
 }
 
@@ -1360,5 +1389,26 @@ mod tests {
                  the peer",
             ]
         );
+    }
+
+    #[test]
+    fn disjoint_groups_that_share_a_name_are_not_compared() {
+        // A split into {0, 1} and {2, 3}: each process calls its group `group-1`; the two
+        // groups run different collectives, which is no disagreement.
+        let mut records = Vec::new();
+        for (rank, name) in [
+            (0, "all_sum"),
+            (1, "all_sum"),
+            (2, "all_gather"),
+            (3, "all_gather"),
+        ] {
+            let line = done(0, name)
+                .replace("\"group\":\"world\"", "\"group\":\"group-1\"")
+                .replace("\"group_rank\":0", &format!("\"group_rank\":{}", rank % 2))
+                .replace("\"group_size\":4", "\"group_size\":2");
+            records.push(record(rank, &[line]));
+        }
+        let d = diagnose(&records, Some(4), &[], &[], Vec::new());
+        assert_eq!(d.findings, Vec::<String>::new());
     }
 }

@@ -1104,6 +1104,55 @@ fn a_rank_that_calls_another_collective_on_mlxs_wire_is_named_by_the_records_the
 }
 
 #[test]
+fn a_job_whose_ranks_all_exit_0_after_a_disagreement_on_mlxs_wire_exits_1_with_their_records() {
+    // Two ranks on MLX's wire: rank 1's all_gather and rank 0's all_sum both return (wrong
+    // numbers) and both ranks exit 0; their records, written as they exit, disagree.
+    let _job = procs::exclusive();
+    let tmp = scratch("disagree-mlx");
+    let port = free_ports(2).to_string();
+    let role = format!("{ROLE}=mismatch-after-all-sum");
+    let mut args = vec![
+        "-n",
+        "2",
+        "--starting-port",
+        &port,
+        "--env",
+        &role,
+        "--env",
+        "NUVEC_DISTRIBUTED_WIRE=mlx",
+        "--",
+    ];
+    let command = rank_command();
+    args.extend(command.iter().map(String::as_str));
+    let done = run(&mut nuvec_launch(&tmp, &args), Duration::from_secs(120));
+    assert_eq!(done.code, Some(1), "{}", done.describe());
+    assert_eq!(
+        done.stdout
+            .lines()
+            .filter(|l| l.contains("SECOND ["))
+            .count(),
+        2,
+        "both ranks returned: {}",
+        done.describe()
+    );
+    for line in [
+        "[ERROR] every rank exited 0, but the ranks' programs disagree: what some returned is \
+         wrong; the ranks' flight records:",
+        "- different operations at the same step: rank 1 is in all_gather #1, rank 0 in \
+         all_sum #1",
+        "- ranks 0, 1 returned from step #1 without an error although the programs disagree \
+         there (MLX's wire carries no call to check): what they returned is wrong",
+    ] {
+        assert!(
+            done.stderr.lines().any(|l| l == line),
+            "{line}: {}",
+            done.describe()
+        );
+    }
+    assert_eq!(entries(&tmp), Vec::<String>::new(), "temporary files left");
+}
+
+#[test]
 fn a_host_that_ssh_cannot_resolve_shows_sshs_own_message() {
     let _job = procs::exclusive();
     let tmp = scratch("ssh-host");
