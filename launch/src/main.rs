@@ -38,7 +38,10 @@
 //! culprit's status (128 + N when signal N ended it).
 //!
 //! Every rank gets `NUVEC_DISTRIBUTED_RECORD_DIR`, a directory per job ([`collect`]): the
-//! ranks write their flight records there when they fail or when asked. The first Ctrl-C,
+//! ranks write their flight records there when they fail, when asked, and as they exit.
+//! When every rank exits 0 the launcher still merges them: where the ranks' programs disagree
+//! (on MLX's wire a mismatched collective returns wrong numbers without an error) it prints
+//! them and exits 1. The first Ctrl-C,
 //! or `--hang-report S` seconds without a completed operation, asks every rank for its
 //! record and prints the merged table (the hang report); the second Ctrl-C stops the job
 //! (exit 130). `nuvec-launch diagnose DIR` merges a directory of records left by any

@@ -29,11 +29,14 @@
 //! - the first failure by time: the earliest `end_us` of a failed operation, with its error;
 //!   but when that error is a consequence (a closed connection, a timeout) it is not the cause:
 //!   the cause is then a rank that was not running; else a rank the consequences name that
-//!   recorded no error of its own (a rank that panicked or was killed writes no record), with
-//!   how it ended when the launcher saw it; else the rank the blame leads to among failures at
-//!   the same time ([`follow_blame`]): two ranks blaming each other are the two ends of a link
-//!   (a cut cable), and a longer cycle of ranks each timing out on the next is said to be
-//!   untold rather than guessed.
+//!   recorded no error of its own (a killed rank writes no record, one whose panic ended its
+//!   program one without an error), with how it ended when the launcher saw it; else the
+//!   rank the blame leads to among failures at the same time ([`follow_blame`]): two ranks
+//!   blaming each other are the two ends of a link (a cut cable), and a longer cycle of ranks
+//!   each timing out on the next is said to be untold rather than guessed; where the programs
+//!   disagree at a step, the first failure is called that disagreement's consequence;
+//! - ranks that returned from a step where the programs disagree (on MLX's wire, which
+//!   carries no call to check): what they returned is wrong.
 //!
 //! The fault campaign of the simulator checks these against thousands of seeded crashes,
 //! stalls and cuts (`tests/sim/campaign.rs`).
