@@ -88,6 +88,7 @@ fn a_cluster_rank_runs_its_role() {
         Ok("launched") => launched_rank(),
         Ok("launched-loop") => launched_loop_rank(),
         Ok("stuck") => stuck_rank(),
+        Ok("disagree") => disagreeing_rank(),
         Ok("loop") => loop_rank(),
         Ok("stranger") => stranger(),
         _ => {}
@@ -132,6 +133,29 @@ fn stuck_rank() {
         std::thread::sleep(Duration::from_secs(60));
     }
     let _ = distributed::all_sum(&x, Some(&group)).eval();
+}
+
+/// One all_sum; then rank 1 calls all_gather where the others call all_sum. Prints `SECOND
+/// returned` and exits 0 when its call returns (on MLX's wire, wrong numbers), else `SECOND
+/// failed` and exits 3.
+fn disagreeing_rank() {
+    let group = nuvec_distributed::init(true).expect("the group");
+    let x = ops::full([4usize], 1.0f32);
+    distributed::all_sum(&x, Some(&group))
+        .eval()
+        .expect("the first all_sum");
+    let second = if group.rank() == 1 {
+        distributed::all_gather(&x, Some(&group))
+    } else {
+        distributed::all_sum(&x, Some(&group))
+    };
+    match second.eval() {
+        Ok(()) => println!("SECOND returned"),
+        Err(e) => {
+            println!("SECOND failed: {e}");
+            std::process::exit(3);
+        }
+    }
 }
 
 /// An all_sum and an all_max of 4 MiB of float32 (past every frame and algorithm threshold),
@@ -1178,6 +1202,44 @@ fn the_first_ctrl_c_across_hosts_prints_where_every_rank_is_and_the_second_stops
     );
 }
 
+/// A mismatch on MLX's wire across three hosts: rank 1 calls all_gather where the others call
+/// all_sum; whichever ranks return (wrong numbers, exit 0) write their records as they exit,
+/// the launcher fetches every host's records over ssh, names the step where the programs
+/// parted and does not exit 0.
+#[test]
+fn a_mismatch_on_mlxs_wire_across_hosts_is_named_by_the_records_fetched_from_every_host() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    let dir = procs::scratch("disagree-hosts");
+    let log = dir.join("launcher.log");
+    let child = launched_ring_job_with(&c, "disagree", "3", &["NUVEC_DISTRIBUTED_WIRE=mlx"], &log);
+    let done = wait_all(vec![(child, log)], Duration::from_secs(60));
+    let (code, out, _) = &done[0];
+    assert_ne!(*code, Some(0), "{out}");
+    assert!(
+        out.lines().any(|l| l
+            == "- different operations at the same step: rank 1 is in all_gather #1, ranks 0, 2 \
+                in all_sum #1"),
+        "{out}"
+    );
+    for r in 0..3 {
+        assert!(
+            !out.contains(&format!("rank {r} left no record")),
+            "rank {r}'s record was lost\n{out}"
+        );
+    }
+    let ours: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.starts_with("[rank") || l.contains("SECOND"))
+        .collect();
+    eprintln!(
+        "MEASURED a mismatch on MLX's wire across hosts (exit {code:?}):\n{}",
+        ours.join("\n")
+    );
+}
+
 /// `cmd` started with no input and both output streams in the file `log`.
 fn spawn_logged(cmd: &mut Command, log: &Path) -> Child {
     let file = std::fs::File::create(log).expect("a log");
@@ -1192,6 +1254,17 @@ fn spawn_logged(cmd: &mut Command, log: &Path) -> Child {
 /// nuvec-launch on host 0 running a ring of this binary's `role` on hosts 0, 1 and 2 with
 /// the operation deadline `timeout` (seconds), its output in `log`.
 fn launched_ring_job(c: &Cluster, role: &str, timeout: &str, log: &Path) -> Child {
+    launched_ring_job_with(c, role, timeout, &[], log)
+}
+
+/// [`launched_ring_job`] with more `--env` settings (`NAME=value`).
+fn launched_ring_job_with(
+    c: &Cluster,
+    role: &str,
+    timeout: &str,
+    env: &[&str],
+    log: &Path,
+) -> Child {
     let mut args = strings(&[
         "--hosts",
         &c.host_list(&[0, 1, 2]),
@@ -1203,8 +1276,11 @@ fn launched_ring_job(c: &Cluster, role: &str, timeout: &str, log: &Path) -> Chil
         &format!("{}={RANK_TEST}", procs::CHILD),
         "--env",
         &format!("NUVEC_DISTRIBUTED_TIMEOUT={timeout}"),
-        "--",
     ]);
+    for e in env {
+        args.extend(strings(&["--env", e]));
+    }
+    args.push("--".to_owned());
     args.extend(launched_argv());
     spawn_logged(&mut launcher(c, launcher::nuvec_launch(), &args), log)
 }
