@@ -2180,4 +2180,104 @@ fn the_doctor_sweeps_a_jaccl_mesh_over_tcp_cables_across_hosts() {
         "{}",
         done.describe()
     );
+    // Each cable of the mesh, measured through the sweep's group, both ways.
+    assert!(
+        done.stdout
+            .contains("JACCL's cables, one at a time through the sweep's group"),
+        "{}",
+        done.describe()
+    );
+    for (cable, devices) in [
+        ("0↔1", "rdma_en1"),
+        ("0↔2", "rdma_en2"),
+        ("1↔2", "rdma_en3"),
+    ] {
+        let row = table_row(&done.stdout, cable);
+        assert!(
+            row.contains(devices) && row.matches("bit/s").count() == 2,
+            "{}",
+            done.describe()
+        );
+    }
+}
+
+/// The doctor over JACCL's RDMA fabric (the software provider's TCP wire carries the
+/// "cables" over the hosts' shaped links), a mesh of 4 with host 3's NIC at a tenth: the
+/// cables to host 3 read slow both ways against the median of the cables, rank 3 is named on
+/// every slow one, and the all_sum sweep runs over RDMA. The probes are `nuvec-launch` built
+/// with its feature `jaccl`. (Of 3 hosts, 2 of the 3 cables would be slow and the median
+/// theirs: a host is told slow against its siblings, and needs some.)
+#[cfg(feature = "jaccl")]
+#[test]
+fn the_doctor_measures_each_jaccl_cable_over_rdma_and_names_the_host_on_every_slow_one() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(4, "1gbit") else {
+        return;
+    };
+    c.set_rate(3, "100mbit");
+    let mesh = [
+        r#"[null, "rdma_en1", "rdma_en2", "rdma_en3"]"#,
+        r#"["rdma_en1", null, "rdma_en4", "rdma_en5"]"#,
+        r#"["rdma_en2", "rdma_en4", null, "rdma_en6"]"#,
+        r#"["rdma_en3", "rdma_en5", "rdma_en6", null]"#,
+    ];
+    let file = c.dir.join("doctor-jaccl-rdma.json");
+    std::fs::write(&file, jaccl_hostfile(&c, "jaccl", &mesh)).expect("the host file");
+    let probes = launcher::nuvec_launch_jaccl().display().to_string();
+    let verbs = format!("NUVEC_JACCL_VERBS={}", emu::library().display());
+    let started = Instant::now();
+    let done = doctor(
+        &c,
+        &[
+            "--hostfile",
+            &file.display().to_string(),
+            "--probe-program",
+            &probes,
+            "--env",
+            "NUVEC_JACCL_FABRIC=rdma",
+            "--env",
+            &verbs,
+            "--env",
+            "NUVEC_VERBS_EMU_WIRE=tcp",
+        ],
+    );
+    eprintln!(
+        "MEASURED doctor, JACCL mesh of 4 over RDMA (software provider), host 3 at 100 Mbit/s \
+         ({} ms):\n{}",
+        started.elapsed().as_millis(),
+        done.stdout
+    );
+    assert!(
+        done.stdout
+            .contains("all_sum sweep (float32, 4 ranks, JACCL mesh of 1 cable(s) per pair, RDMA;"),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        !done.stdout.contains("PROBLEM: the all_sum sweep"),
+        "{}",
+        done.describe()
+    );
+    for slow in ["0↔3", "1↔3", "2↔3"] {
+        assert!(
+            table_row(&done.stdout, slow).contains("slow forward, slow back"),
+            "{}",
+            done.describe()
+        );
+    }
+    for fast in ["0↔1", "0↔2", "1↔2"] {
+        assert!(
+            !table_row(&done.stdout, fast).contains("slow"),
+            "{}",
+            done.describe()
+        );
+    }
+    let host = c.hosts[3].addr;
+    assert!(
+        done.stdout.contains(&format!(
+            "PROBLEM: rank 3 (host {host}) is on every slow link"
+        )),
+        "{}",
+        done.describe()
+    );
 }

@@ -258,7 +258,17 @@ fn the_doctor_sweeps_all_sum_over_a_jaccl_mesh_of_three_local_ranks_over_tcp_cab
     assert_eq!(report["backend"], "jaccl", "{report:#}");
     let sweep = &report["sweep"];
     assert_eq!(sweep["not_run"], serde_json::Value::Null, "{sweep:#}");
-    assert_eq!(sweep["problems"], serde_json::json!([]), "{sweep:#}");
+    // The sweep itself went right. The cables' findings (a direction slow or asymmetric) are
+    // left out here: three ranks on one machine share its cores, and the rank waiting in the
+    // barrier while two measure takes CPU from either side by turns, so that on a busy
+    // machine a loopback "cable" can read 0.7x one way; the cluster test reads real ones.
+    let problems: Vec<&serde_json::Value> = sweep["problems"]
+        .as_array()
+        .expect("the sweep's problems")
+        .iter()
+        .filter(|p| !p.as_str().is_some_and(|p| p.starts_with("link ")))
+        .collect();
+    assert!(problems.is_empty(), "{sweep:#}");
     assert_eq!(sweep["ranks"], 3, "{sweep:#}");
     assert_eq!(sweep["backend"], "jaccl", "{sweep:#}");
     assert_eq!(
@@ -283,5 +293,38 @@ fn the_doctor_sweeps_all_sum_over_a_jaccl_mesh_of_three_local_ranks_over_tcp_cab
         sweep["of_slowest"].as_f64().is_some_and(|v| v > 0.0),
         "{sweep:#}"
     );
+    // Every cable of the mesh, one at a time through the sweep's group: its devices, round
+    // trips and both directions.
+    let cables = sweep["cables"].as_array().expect("the cables");
+    let pairs: Vec<(u64, u64, &str)> = cables
+        .iter()
+        .map(|c| {
+            (
+                c["from"].as_u64().unwrap_or(99),
+                c["to"].as_u64().unwrap_or(99),
+                c["address"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            (0, 1, "RDMA rdma_en1"),
+            (0, 2, "RDMA rdma_en2"),
+            (1, 2, "RDMA rdma_en3")
+        ],
+        "{sweep:#}"
+    );
+    for c in cables {
+        let m = &c["measurement"];
+        assert!(
+            m["rtt"]["p50_us"].as_f64().is_some_and(|v| v > 0.0)
+                && m["rtt"]["count"] == 50
+                && m["forward"]["bytes"] == 8 << 20
+                && m["back"]["seconds"].as_f64().is_some_and(|v| v > 0.0)
+                && m["error"].is_null(),
+            "{c:#}"
+        );
+    }
     assert!(took < Duration::from_secs(20), "{took:?}\n{out}");
 }

@@ -10,6 +10,18 @@ pub fn artifact(package: &str, file: &str) -> PathBuf {
     build(&["-p", package], file)
 }
 
+/// [`artifact`] with `features` of `package`, copied to `copy` beside it; then the artifact
+/// is built again without them, so that the one at its own path stays the plain build that
+/// other tests expect.
+pub fn artifact_with_features(package: &str, file: &str, features: &str, copy: &str) -> PathBuf {
+    let built = build(&["-p", package, "--features", features], file);
+    let target = built.with_file_name(copy);
+    std::fs::copy(&built, &target)
+        .unwrap_or_else(|e| panic!("copy {} to {}: {e}", built.display(), target.display()));
+    artifact(package, file);
+    target
+}
+
 /// Builds the example `name` (or brings it up to date) with the profile of the running test
 /// binary and returns its path.
 pub fn example(name: &str) -> PathBuf {

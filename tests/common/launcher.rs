@@ -8,3 +8,17 @@ pub fn nuvec_launch() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| super::built::artifact("nuvec-launch", "nuvec-launch"))
 }
+
+/// `nuvec-launch` built with its feature `jaccl` (the RDMA fabric in its probes and the
+/// doctor's sweep), as `nuvec-launch-jaccl` beside the plain one; built on first use.
+pub fn nuvec_launch_jaccl() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        super::built::artifact_with_features(
+            "nuvec-launch",
+            "nuvec-launch",
+            "jaccl",
+            "nuvec-launch-jaccl",
+        )
+    })
+}

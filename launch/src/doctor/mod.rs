@@ -22,8 +22,8 @@
 //! the probe port beside it ([`measure`]): connect time, where the traffic leaves from
 //! (interface, address, MTU), round trips of 8 bytes (p50/p99), and bulk bytes each way
 //! within `--probe-mib` and `--probe-seconds`. The links are a ring rank's connections to its
-//! right neighbour's addresses, and JACCL's connections to its coordinator (JACCL's RDMA
-//! cables are not TCP and are not measured; the host checks above cover their devices).
+//! right neighbour's addresses, and JACCL's connections to its coordinator. JACCL's RDMA
+//! cables are not TCP: the sweep's ranks measure them (below).
 //!
 //! The probe ports: the job's port plus the number of ports the job uses, i.e. the block right
 //! after the job's (`-p 32323`, 4 ranks: the job uses 32323–32326, the probes listen on
@@ -50,7 +50,10 @@
 //! each connects this crate's JACCL from the job's device file with the coordinator moved to
 //! the probe port, over RDMA (this program built with its feature `jaccl`; a machine without
 //! the verbs library or a device is a problem in the library's words), or over TCP cables with
-//! `--env NUVEC_JACCL_FABRIC=tcp`.
+//! `--env NUVEC_JACCL_FABRIC=tcp`. Before it sums, that group measures every cable of the job
+//! one at a time ([`cables`]: round trips, 8 MiB each way), and the links' findings (slow
+//! against the median of the cables, asymmetric, a rank on every slow cable) apply to the
+//! cables.
 //!
 //! Output: the table, `--json`, `--svg FILE` ([`svg`]). It exits with 1 when it finds a
 //! problem.
@@ -63,6 +66,7 @@ macro_rules! say {
     }};
 }
 
+mod cables;
 mod checks;
 mod endpoint;
 mod interfaces;
@@ -449,7 +453,8 @@ fn sweep(plan: &Plan, seconds: f64, links: &[report::Row]) -> sweep::Sweep {
         }
         Err(e) => vec![Err(e); plan.ranks.len()],
     };
-    sweep::combine(outcomes, seconds, links)
+    let hosts: Vec<String> = plan.ranks.iter().map(|r| r.host.clone()).collect();
+    sweep::combine(outcomes, seconds, links, &hosts)
 }
 
 /// Starts the probes of `plan` and has each measure its links, one at a time; also says

@@ -21,13 +21,16 @@
 //! slowest link's pace, so that direction is named. For a JACCL job the links measured are
 //! its ranks' TCP connections to the coordinator, not its cables: over RDMA the comparison
 //! says how far the cables outrun (or trail) that network; over TCP cables, which leave from
-//! the addresses the ranks reach the coordinator from, it reads as for the ring.
+//! the addresses the ranks reach the coordinator from, it reads as for the ring. The cables
+//! themselves are measured by the sweep's group before it sums ([`cables`]), and reported
+//! here ([`Sweep::cables`]).
 //!
 //! The ranks report in one JSON line each (`{"swept": Swept}`, [`Swept`]); [`combine`] turns
 //! them (or why a rank has none) into the report's [`Sweep`].
 
 use serde::{Deserialize, Serialize};
 
+use super::cables::{self, Cable};
 use super::report::{Row, rate};
 
 /// The sizes swept, in bytes: 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB.
@@ -236,6 +239,9 @@ pub(crate) struct Swept {
     /// Why the sweep stopped on this rank (the library's error).
     #[serde(default)]
     pub(crate) error: Option<String>,
+    /// A JACCL job: the cables this rank measured (those to higher ranks).
+    #[serde(default)]
+    pub(crate) cables: Vec<Cable>,
 }
 
 /// The slowest direction of the links the doctor measured.
@@ -299,17 +305,29 @@ pub(crate) struct Sweep {
     pub(crate) not_run: Option<String>,
     /// What went wrong, per rank, in words: each is a problem.
     pub(crate) problems: Vec<String>,
+    /// A JACCL job: its cables, measured one at a time before the sweep ([`cables`]), with
+    /// their flags.
+    pub(crate) cables: Vec<Row>,
+    /// The median of the cables' directions, bits per second.
+    pub(crate) cables_median_bps: Option<f64>,
 }
 
 /// The report's sweep from every rank's outcome (`Err`: why the doctor has no line from it),
 /// with `links` measured before it.
-pub(crate) fn combine(outcomes: Vec<Result<Swept, String>>, budget: f64, links: &[Row]) -> Sweep {
+/// `hosts` name the ranks' hosts, for the cables' findings.
+pub(crate) fn combine(
+    outcomes: Vec<Result<Swept, String>>,
+    budget: f64,
+    links: &[Row],
+    hosts: &[String],
+) -> Sweep {
     let mut sweep = Sweep {
         ranks: outcomes.len(),
         budget_seconds: budget,
         slowest: slowest(links),
         ..Sweep::default()
     };
+    let mut measured: Vec<Cable> = Vec::new();
     for (rank, outcome) in outcomes.into_iter().enumerate() {
         match outcome {
             Err(why) => sweep
@@ -326,6 +344,7 @@ pub(crate) fn combine(outcomes: Vec<Result<Swept, String>>, budget: f64, links: 
                         "the all_sum sweep on rank {rank} got a wrong sum: {w}"
                     ));
                 }
+                measured.extend(s.cables);
                 if rank == 0 {
                     sweep.wire = s.wire;
                     sweep.rows = s.rows;
@@ -334,6 +353,11 @@ pub(crate) fn combine(outcomes: Vec<Result<Swept, String>>, budget: f64, links: 
             }
         }
     }
+    measured.sort_by_key(|c| (c.from, c.to));
+    sweep.cables = cables::rows(&measured, hosts);
+    let (problems, median) = super::report::findings(&mut sweep.cables);
+    sweep.problems.extend(problems);
+    sweep.cables_median_bps = median;
     sweep.of_slowest = match (sweep.rows.last(), &sweep.slowest) {
         (Some(row), Some(s)) if s.bps > 0.0 => Some(row.busbw_bps / s.bps),
         _ => None,
@@ -383,11 +407,22 @@ impl Sweep {
             .wire
             .as_deref()
             .map_or(String::new(), |w| format!(", {w}"));
-        let mut out = vec![format!(
+        let mut out = Vec::new();
+        if !self.cables.is_empty() {
+            out.push(format!(
+                "JACCL's cables, one at a time through the sweep's group ({} round trips of 8 \
+                 bytes; {} each way, the fastest of {}):",
+                cables::PINGS,
+                size_name(cables::BYTES as u64),
+                cables::TRANSFERS
+            ));
+            out.extend(cables::table(&self.cables).iter().map(|l| format!("  {l}")));
+        }
+        out.push(format!(
             "all_sum sweep (float32, {} ranks{on}{wire}; the slowest rank's time, median of up \
              to {TIMED} after a warm-up; {} s at most):",
             self.ranks, self.budget_seconds
-        )];
+        ));
         let mut cells = vec![[
             "size".to_owned(),
             "iterations".to_owned(),
@@ -578,6 +613,7 @@ mod tests {
             vec![Ok(parse(&line(16 << 20, 836.0))), Ok(rank1)],
             2.0,
             &rows,
+            &[],
         );
         assert!(sweep.problems.is_empty(), "{:?}", sweep.problems);
         assert_eq!(
@@ -614,6 +650,7 @@ mod tests {
         let sweep = combine(
             vec![Err("no answer from the probe in time".into()), Ok(failed)],
             10.0,
+            &[],
             &[],
         );
         assert_eq!(

@@ -27,7 +27,8 @@
 //! group): the timed part is the array's evaluation, which copies the input once, as a job's
 //! does.
 //!
-//! Then it runs what `sweep.rs` plans: before each iteration an all_sum of one byte per rank
+//! A JACCL rank first measures the job's cables with the group, one at a time
+//! ([`super::cables`]); then it runs what `sweep.rs` plans: before each iteration an all_sum of one byte per rank
 //! in which only rank 0's byte is not zero carries rank 0's [`Step`] to every rank (and is the
 //! barrier); each iteration is an all_sum of float32 (the ring: `RingCommunicator::try_all_reduce`
 //! in place, the collective under a job's arrays), every element rank + 1, timed on each rank
@@ -37,7 +38,7 @@
 
 use std::time::{Duration, Instant};
 
-use nuvec_core::distributed::{Group, all_max, all_sum};
+use nuvec_core::distributed::{Group, all_max, all_sum, recv, send};
 use nuvec_core::{Array, DType};
 use nuvec_distributed::jaccl::{Config, FrameRule, Topology};
 use nuvec_distributed::reduce::Reduction;
@@ -46,6 +47,8 @@ use nuvec_distributed::{
     hostfile,
 };
 
+use super::cables::{self, Cable};
+use super::measure::Transfer;
 use super::sweep::{Pacer, SIZES, SizeRow, Step, Swept};
 
 /// Added to the budget for connection setup and for any one operation.
@@ -150,21 +153,144 @@ fn jaccl(config: Config, offset: u16, budget: Duration, swept: &mut Swept) -> Re
     let moved = shifted(coordinator, offset)?;
     let config = config.coordinator(&moved);
     let (fabric, rule) = jaccl_transport()?;
-    let topology = match config.topology().map_err(|e| e.to_string())? {
-        Topology::Mesh { wires } => format!("mesh of {wires} cable(s) per pair"),
-        Topology::Ring { wires } => format!("ring of {wires} cable(s) per direction"),
+    let (topology, ring) = match config.topology().map_err(|e| e.to_string())? {
+        Topology::Mesh { wires } => (format!("mesh of {wires} cable(s) per pair"), false),
+        Topology::Ring { wires } => (format!("ring of {wires} cable(s) per direction"), true),
     };
+    let mine: Vec<Vec<String>> = config
+        .devices()
+        .get(config.rank())
+        .cloned()
+        .unwrap_or_default();
     let group =
         connect_jaccl(&config, fabric, rule, &options(budget)?).map_err(|e| e.to_string())?;
     if group.size() < 2 {
         return Err("a group of one rank has nothing to sum".to_owned());
     }
-    let cables = match fabric {
+    let carried = match fabric {
         JacclFabric::Rdma => "RDMA",
         JacclFabric::Tcp => "TCP cables",
     };
-    swept.wire = Some(format!("JACCL {topology}, {cables}"));
-    sweep(&Jaccl(group), budget, swept)
+    swept.wire = Some(format!("JACCL {topology}, {carried}"));
+    let comm = Jaccl(group);
+    measure_cables(&comm, ring, &mine, swept)?;
+    sweep(&comm, budget, swept)
+}
+
+/// `data` sent to `to` over the group, as a job's array is.
+fn send_bytes(group: &Group, data: &Array, to: usize) -> Result<(), String> {
+    send(data, to, Some(group))
+        .eval()
+        .map_err(|e| e.to_string())
+}
+
+/// `n` bytes received from `from` over the group, as a job's array is.
+fn recv_bytes(group: &Group, n: usize, from: usize) -> Result<(), String> {
+    recv([n], DType::U8, from, Some(group))
+        .eval()
+        .map_err(|e| e.to_string())
+}
+
+/// Every cable of the job, one at a time ([`cables::pairs`]), measured by its lower rank,
+/// with a one-byte all_sum of every rank after each (the barrier); this rank's cables (to
+/// higher ranks) go into `swept`. `devices`: this rank's devices to each rank.
+fn measure_cables(
+    comm: &Jaccl,
+    ring: bool,
+    devices: &[Vec<String>],
+    swept: &mut Swept,
+) -> Result<(), String> {
+    let rank = swept.rank;
+    for (lower, higher) in cables::pairs(swept.ranks, ring) {
+        if rank == lower {
+            let mut cable = Cable {
+                from: lower,
+                to: higher,
+                devices: devices.get(higher).cloned().unwrap_or_default(),
+                ..Cable::default()
+            };
+            let measured = measure_as_lower(&comm.0, higher, &mut cable);
+            if let Err(e) = &measured {
+                cable.error = Some(e.clone());
+            }
+            swept.cables.push(cable);
+            measured?;
+        } else if rank == higher {
+            answer_as_higher(&comm.0, lower)?;
+        }
+        comm.reduce(Reduction::Sum, DType::U8, &mut [0u8])?;
+    }
+    Ok(())
+}
+
+/// The lower rank's side of a cable to `peer`: round trips, then each direction.
+fn measure_as_lower(group: &Group, peer: usize, cable: &mut Cable) -> Result<(), String> {
+    let small = Array::from_slice(&[0u8; 8], [8]);
+    let one = Array::from_slice(&[1u8], [1]);
+    let bulk = Array::from_slice(&vec![7u8; cables::BYTES], [cables::BYTES]);
+    for a in [&small, &one, &bulk] {
+        a.eval().map_err(|e| e.to_string())?;
+    }
+    let mut samples = Vec::with_capacity(cables::PINGS);
+    for i in 0..cables::WARM + cables::PINGS {
+        let t = Instant::now();
+        send_bytes(group, &small, peer)?;
+        recv_bytes(group, 8, peer)?;
+        if i >= cables::WARM {
+            samples.push(t.elapsed());
+        }
+    }
+    cable.rtt = super::measure::rtt(&mut samples);
+    let best = |t: Option<f64>, s: f64| Some(t.map_or(s, |t: f64| t.min(s)));
+    let (mut forward, mut back) = (None, None);
+    // The first transfer each way warms the buffers (first touch, registration) and is not
+    // counted.
+    for i in 0..=cables::TRANSFERS {
+        let t = Instant::now();
+        send_bytes(group, &bulk, peer)?;
+        recv_bytes(group, 1, peer)?;
+        let took = t.elapsed().as_secs_f64();
+        if i > 0 {
+            forward = best(forward, took);
+        }
+        let t = Instant::now();
+        send_bytes(group, &one, peer)?;
+        recv_bytes(group, cables::BYTES, peer)?;
+        let took = t.elapsed().as_secs_f64();
+        if i > 0 {
+            back = best(back, took);
+        }
+    }
+    let transfer = |seconds: Option<f64>| {
+        seconds.map(|seconds| Transfer {
+            bytes: cables::BYTES as u64,
+            seconds,
+        })
+    };
+    cable.forward = transfer(forward);
+    cable.back = transfer(back);
+    Ok(())
+}
+
+/// The higher rank's side of a cable to `peer`: answers what [`measure_as_lower`] sends.
+fn answer_as_higher(group: &Group, peer: usize) -> Result<(), String> {
+    let small = Array::from_slice(&[0u8; 8], [8]);
+    let one = Array::from_slice(&[1u8], [1]);
+    let bulk = Array::from_slice(&vec![9u8; cables::BYTES], [cables::BYTES]);
+    for a in [&small, &one, &bulk] {
+        a.eval().map_err(|e| e.to_string())?;
+    }
+    for _ in 0..cables::WARM + cables::PINGS {
+        recv_bytes(group, 8, peer)?;
+        send_bytes(group, &small, peer)?;
+    }
+    for _ in 0..=cables::TRANSFERS {
+        recv_bytes(group, cables::BYTES, peer)?;
+        send_bytes(group, &one, peer)?;
+        recv_bytes(group, 1, peer)?;
+        send_bytes(group, &bulk, peer)?;
+    }
+    Ok(())
 }
 
 /// What the sweep reduces over: in place, returning the seconds the collective took.
@@ -313,6 +439,11 @@ fn sweep(comm: &dyn Collective, budget: Duration, swept: &mut Swept) -> Result<(
             .filter(|b| !swept.rows.iter().any(|r| r.bytes == *b))
             .collect();
     }
+    // Every rank's results are final. A rank that left now could leave a slower one still
+    // waiting on its last frame, and JACCL's side channel tells a departed rank as gone: one
+    // more all_sum keeps every rank until all have come this far. Its own failure (the same
+    // race, one operation later) is not the sweep's.
+    let _ = comm.reduce(Reduction::Sum, DType::U8, &mut vec![0u8; n]);
     Ok(())
 }
 
