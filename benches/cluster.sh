@@ -24,6 +24,8 @@
 #   arrays   this checkout through the same nuvec_core API, benches/upstream --impl local
 #            (on the nuvec wire, every rank being this checkout)
 #   arraysmlx  the same on MLX's wire (nuvec-launch --wire mlx)
+#   arrayspark the same with every wait parked at once (NUVEC_DISTRIBUTED_SPIN_US=0; only
+#            when IMPLS names it): the waiting policy against the default's looks
 #   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce/)
 # busbw = bytes * 2 (n - 1) / n / p50, shown in Gbit/s and as a percentage of the link's
 # measured TCP goodput, then each column's CPU µs per operation and rank (of its best run).
@@ -130,6 +132,8 @@ launch() {
     cmd=("$LAUNCH" --hosts "$hosts" --backend ring -p 5000)
     [ -n "${WIRE:-}" ] && cmd+=(--wire "$WIRE")
   fi
+  local e
+  for e in ${JOB_ENV:-}; do cmd+=(--env "$e"); done
   echo "== $name, $n hosts (run $rep, $LAUNCHER launcher)" >&2
   if ! timeout 900 "$ON" 0 "${cmd[@]}" -- "$@" >"$log" 2>&1 </dev/null; then
     echo "   failed (see $log)" >&2
@@ -149,6 +153,7 @@ for n in $RANKS; do
     wanted 0.5.0 && launch upstream "$n" "$rep" "$UPSTREAM" --impl upstream --sizes "$SIZES"
     wanted arrays && launch arrays "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted arraysmlx && WIRE=mlx launch arraysmlx "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+    wanted arrayspark && JOB_ENV=NUVEC_DISTRIBUTED_SPIN_US=0 launch arrayspark "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted raw && launch raw "$n" "$rep" "$BENCH" --sizes "$SIZES" --no-wire
   done
 done
@@ -200,6 +205,8 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
             col = {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[row["impl"]]
             if name == "arraysmlx":
                 col = "arrays, MLX's wire"
+            elif name == "arrayspark":
+                col = "arrays, parked"
 
             keep(col, n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
         elif name == "raw":
@@ -219,6 +226,8 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
                 keep("raw", n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
 
 cols = ["mlx", "0.5.0", "arrays", "arrays, MLX's wire", "raw"]
+if any(k[0] == "arrays, parked" for k in best):
+    cols.insert(4, "arrays, parked")
 
 def busbw(col, n, b):
     v = best.get((col, n, b))
@@ -284,7 +293,7 @@ if xs:
     ymax = max(link, max(bw for pts in series.values() for _, bw in pts)) * 1.1
     px = lambda b: L + (math.log2(b) - x0) / max(x1 - x0, 1) * (W - L - R)
     py = lambda v: T + (1 - v / ymax) * (H - T - B)
-    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "arrays, MLX's wire": "#ff7f0e", "raw": "#2ca02c"}
+    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "arrays, MLX's wire": "#ff7f0e", "arrays, parked": "#17becf", "raw": "#2ca02c"}
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
            f'<text x="{L}" y="20" font-size="14">all_sum float32 busbw on a cluster of namespaces, NICs at {rate}</text>']
