@@ -84,6 +84,7 @@ mod plan;
 mod records;
 mod script;
 mod start;
+mod table;
 
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::os::fd::AsFd;

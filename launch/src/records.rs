@@ -49,7 +49,6 @@
 //! written by hand to the contract; [`read_dir`] is the one function that reads the disk.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -882,22 +881,9 @@ pub(crate) fn render(d: &Diagnosis) -> String {
         cells[2] = "(no record)".to_owned();
         table.push(cells);
     }
-    let widths: Vec<usize> = (0..8)
-        .map(|c| {
-            table
-                .iter()
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
     let mut out = String::new();
-    for row in &table {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
-        }
-        out += line.trim_end();
+    for line in crate::table::aligned(&table) {
+        out += &line;
         out.push('\n');
     }
     for f in &d.findings {

@@ -139,26 +139,7 @@ pub(crate) fn table(rows: &[Row]) -> Vec<String> {
             },
         ]);
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|c| {
-            cells
-                .iter()
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    cells
-        .iter()
-        .map(|r| {
-            let mut line = String::new();
-            for (c, cell) in r.iter().enumerate() {
-                line += cell;
-                line += &" ".repeat(widths[c] - cell.chars().count() + 2);
-            }
-            line.trim_end().to_owned()
-        })
-        .collect()
+    crate::table::aligned(&cells)
 }
 
 #[cfg(test)]

@@ -394,25 +394,9 @@ pub(crate) fn table(rows: &[Row]) -> String {
             row.flags.join(", "),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| {
-            cells
-                .iter()
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
     let mut out = String::new();
-    for r in &cells {
-        let mut line = String::new();
-        for (c, cell) in r.iter().enumerate() {
-            line += cell;
-            if c + 1 < r.len() {
-                line += &" ".repeat(widths[c] - cell.chars().count() + 2);
-            }
-        }
-        out += line.trim_end();
+    for line in crate::table::aligned(&cells) {
+        out += &line;
         out += "\n";
     }
     out

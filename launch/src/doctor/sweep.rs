@@ -437,24 +437,12 @@ impl Sweep {
                 rate(r.busbw_bps),
             ]);
         }
-        let widths: Vec<usize> = (0..4)
-            .map(|c| {
-                cells
-                    .iter()
-                    .map(|r| r[c].chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
         if !self.rows.is_empty() {
-            for r in &cells {
-                let mut line = String::from("  ");
-                for (c, cell) in r.iter().enumerate() {
-                    line += cell;
-                    line += &" ".repeat(widths[c] - cell.chars().count() + 2);
-                }
-                out.push(line.trim_end().to_owned());
-            }
+            out.extend(
+                crate::table::aligned(&cells)
+                    .iter()
+                    .map(|l| format!("  {l}")),
+            );
         }
         if !self.skipped.is_empty() {
             let names: Vec<String> = self.skipped.iter().map(|b| size_name(*b)).collect();
