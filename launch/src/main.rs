@@ -659,49 +659,53 @@ impl Job {
     /// After a failure: the ranks' flight records, merged, under the summary (nothing when
     /// no rank wrote one, as a program that does not use nuvec-distributed).
     fn print_records(&self) {
-        let Some(dir) = &self.records else { return };
+        if let Some(diagnosis) = self.merged_records() {
+            print_diagnosis("the ranks' flight records:", &diagnosis);
+        }
+    }
+
+    /// After every rank exited 0: the records they wrote as they exited, merged. Where the
+    /// ranks' programs disagree, a rank returned numbers computed from another operation's
+    /// bytes (MLX's wire carries no call to check): the merged records are printed and the
+    /// job's status is 1, not 0.
+    fn check_records(&self) -> i32 {
+        match self.merged_records() {
+            Some(diagnosis) if diagnosis.disagree => {
+                print_diagnosis(
+                    "every rank exited 0, but the ranks' programs disagree: what some returned \
+                     is wrong; the ranks' flight records:",
+                    &diagnosis,
+                );
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// The job's records (remote ones fetched over ssh, whose directories then go), merged;
+    /// `None` when no rank wrote one.
+    fn merged_records(&self) -> Option<records::Diagnosis> {
+        let dir = self.records.as_ref()?;
         dir.fetch(&self.remote_ranks(), true);
         let (found, problems) = dir.read();
         if found.is_empty() {
-            return;
+            return None;
         }
-        // The ranks that failed on their own: one that left no record (a panic, a signal)
-        // is named as the cause when the others' errors blame it.
+        // The ranks that failed on their own: one that left no record (a signal) or none
+        // with an error (a panic) is named as the cause when the others' errors blame it.
         let ended: Vec<(usize, String)> = self
             .ranks
             .iter()
             .filter(|r| !r.stopped)
             .filter_map(|r| Some((r.plan.rank, r.code.filter(|e| e.failed())?.describe())))
             .collect();
-        let diagnosis = records::diagnose(&found, Some(self.ranks.len()), &[], &ended, problems);
-        log("31", "[ERROR]", "the ranks' flight records:");
-        let _ = std::io::stderr()
-            .lock()
-            .write_all(records::render(&diagnosis).as_bytes());
-    }
-
-    /// After every rank exited 0: the records they wrote as they exited, merged (fetched from
-    /// remote hosts, whose directories then go). Where the ranks' programs disagree, a rank
-    /// returned numbers computed from another operation's bytes (MLX's wire carries no call
-    /// to check): the merged records are printed and the job's status is 1, not 0.
-    fn check_records(&self) -> i32 {
-        let Some(dir) = &self.records else { return 0 };
-        dir.fetch(&self.remote_ranks(), true);
-        let (found, problems) = dir.read();
-        let diagnosis = records::diagnose(&found, Some(self.ranks.len()), &[], &[], problems);
-        if !diagnosis.disagree {
-            return 0;
-        }
-        log(
-            "31",
-            "[ERROR]",
-            "every rank exited 0, but the ranks' programs disagree: what some returned is wrong; \
-             the ranks' flight records:",
-        );
-        let _ = std::io::stderr()
-            .lock()
-            .write_all(records::render(&diagnosis).as_bytes());
-        1
+        Some(records::diagnose(
+            &found,
+            Some(self.ranks.len()),
+            &[],
+            &ended,
+            problems,
+        ))
     }
 
     /// The hang report: asks every rank still running for its record, waits for their
@@ -1160,4 +1164,12 @@ fn broadcast_stdin(stdins: Vec<ChildStdin>) {
             }
         }
     });
+}
+
+/// `head` as an error line, then the merged records' table and findings, on stderr.
+fn print_diagnosis(head: &str, diagnosis: &records::Diagnosis) {
+    log("31", "[ERROR]", head);
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(records::render(diagnosis).as_bytes());
 }

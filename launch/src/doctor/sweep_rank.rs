@@ -223,14 +223,23 @@ fn measure_cables(
     Ok(())
 }
 
-/// The lower rank's side of a cable to `peer`: round trips, then each direction.
-fn measure_as_lower(group: &Group, peer: usize, cable: &mut Cable) -> Result<(), String> {
-    let small = Array::from_slice(&[0u8; 8], [8]);
-    let one = Array::from_slice(&[1u8], [1]);
-    let bulk = Array::from_slice(&vec![7u8; cables::BYTES], [cables::BYTES]);
-    for a in [&small, &one, &bulk] {
+/// What a cable's two ends send, evaluated: 8 bytes (a round trip's), 1 byte (an answer or
+/// a go) and [`cables::BYTES`] of `fill`.
+fn messages(fill: u8) -> Result<[Array; 3], String> {
+    let sent = [
+        Array::from_slice(&[0u8; 8], [8]),
+        Array::from_slice(&[1u8], [1]),
+        Array::from_slice(&vec![fill; cables::BYTES], [cables::BYTES]),
+    ];
+    for a in &sent {
         a.eval().map_err(|e| e.to_string())?;
     }
+    Ok(sent)
+}
+
+/// The lower rank's side of a cable to `peer`: round trips, then each direction.
+fn measure_as_lower(group: &Group, peer: usize, cable: &mut Cable) -> Result<(), String> {
+    let [small, one, bulk] = messages(7)?;
     let mut samples = Vec::with_capacity(cables::PINGS);
     for i in 0..cables::WARM + cables::PINGS {
         let t = Instant::now();
@@ -274,12 +283,7 @@ fn measure_as_lower(group: &Group, peer: usize, cable: &mut Cable) -> Result<(),
 
 /// The higher rank's side of a cable to `peer`: answers what [`measure_as_lower`] sends.
 fn answer_as_higher(group: &Group, peer: usize) -> Result<(), String> {
-    let small = Array::from_slice(&[0u8; 8], [8]);
-    let one = Array::from_slice(&[1u8], [1]);
-    let bulk = Array::from_slice(&vec![9u8; cables::BYTES], [cables::BYTES]);
-    for a in [&small, &one, &bulk] {
-        a.eval().map_err(|e| e.to_string())?;
-    }
+    let [small, one, bulk] = messages(9)?;
     for _ in 0..cables::WARM + cables::PINGS {
         recv_bytes(group, 8, peer)?;
         send_bytes(group, &small, peer)?;
