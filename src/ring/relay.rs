@@ -6,7 +6,9 @@
 //! neighbour and that of rank r+t from its right one, and sends on what it received in step
 //! t−1 (its own in step 1): to the right what came from the left, to the left what came from the
 //! right. With R even the last step's two vectors are one rank's, so only the rightward one
-//! moves. Every vector travels with the [`Fingerprint`] of its origin's call, judged the moment
+//! moves. On 4 ranks the same 2 hops go by pairs instead, in fewer messages: each rank swaps its
+//! vector with one neighbour, then both vectors it holds with the other (see [`plan`]). Every
+//! vector travels with the [`Fingerprint`] of its origin's call, judged the moment
 //! it lands ([`Landing::Checked`]), so every rank compares every other rank's call with its own
 //! before it folds or returns anything, and a mismatch fails the step at once.
 //!
@@ -31,7 +33,7 @@ use super::checked::Expect;
 use super::fingerprint::{Fingerprint, HEADER};
 use super::schedule::Side;
 use crate::collective::reduce::Reducer;
-use crate::fabric::{Channel, Fabric, FabricError, Landing, Transfer};
+use crate::fabric::{Fabric, FabricError, Landing, Transfer};
 
 /// The largest all-reduce, in bytes per rank, that the relay takes.
 ///
@@ -204,34 +206,15 @@ fn relay<F: Fabric + ?Sized>(
     headers.clear();
     headers.resize(HEADER * ranks, 0);
     headers[rank * HEADER..(rank + 1) * HEADER].copy_from_slice(&ours.encode());
-    let (right, left) = (ring.channel(Side::Right, 0), ring.channel(Side::Left, 0));
-    let at = |back: bool, t: usize| {
-        if back {
-            (rank + ranks - t % ranks) % ranks
-        } else {
-            (rank + t) % ranks
-        }
-    };
-    let last = steps(ranks);
-    for t in 1..=last {
-        let both = !(ranks.is_multiple_of(2) && t == last);
-        // (channel, origin) of each send and receive of the step.
-        let mut sends: SmallVec<[(Channel, usize); 2]> = SmallVec::new();
-        let mut recvs: SmallVec<[(Channel, usize); 2]> = SmallVec::new();
-        sends.push((right, at(true, t - 1)));
-        recvs.push((left, at(true, t)));
-        if both {
-            sends.push((left, at(false, t - 1)));
-            recvs.push((right, at(false, t)));
-        }
-        // One slice per distinct origin: the sends of step 1 are both this rank's vector.
+    let span = |o: usize, size: usize| -> Range<usize> { o * size..(o + 1) * size };
+    for moves in plan(rank, ranks) {
+        // One slice per distinct origin: both sends of step 1 may read this rank's vector.
         let mut origins: SmallVec<[usize; 4]> = SmallVec::new();
-        for &(_, o) in sends.iter().chain(&recvs) {
-            if !origins.contains(&o) {
-                origins.push(o);
+        for m in moves.sends.iter().chain(&moves.recvs) {
+            if !origins.contains(&m.origin) {
+                origins.push(m.origin);
             }
         }
-        let span = |o: usize, size: usize| -> Range<usize> { o * size..(o + 1) * size };
         let payload_ranges: SmallVec<[Range<usize>; 4]> =
             origins.iter().map(|&o| span(o, n)).collect();
         let header_ranges: SmallVec<[Range<usize>; 4]> =
@@ -245,33 +228,51 @@ fn relay<F: Fabric + ?Sized>(
             .map(Some)
             .collect();
         let index = |o: usize| origins.iter().position(|&x| x == o).unwrap_or(0);
-        // Sent slices are shared (the two sends of step 1 read one); received ones are not.
-        let mut shared: SmallVec<[(&[u8], &[u8]); 2]> = SmallVec::new();
-        for &(_, o) in &sends {
-            let i = index(o);
+        // Sent slices are shared (read by every send of their origin); received ones are not:
+        // a step never sends and receives one origin.
+        let mut sent: SmallVec<[(usize, &[u8], &[u8]); 2]> = SmallVec::new();
+        for m in &moves.sends {
+            let i = index(m.origin);
             if let (Some(h), Some(p)) = (heads[i].take(), payloads[i].take()) {
-                shared.push((h, p));
-            } else if let Some(&(h, p)) = shared.first() {
-                shared.push((h, p));
+                sent.push((m.origin, h, p));
             }
         }
-        let expect: SmallVec<[Expect; 2]> = recvs
+        let expect: SmallVec<[Expect; 2]> = moves
+            .recvs
             .iter()
-            .map(|&(_, from)| Expect { ours: *ours, from })
+            .map(|m| Expect {
+                ours: *ours,
+                from: m.origin,
+            })
             .collect();
         let mut step: SmallVec<[Transfer<'_>; 8]> = SmallVec::new();
-        for (&(channel, _), &(h, p)) in sends.iter().zip(&shared) {
-            step.push(Transfer::Send { channel, data: h });
-            step.push(Transfer::Send { channel, data: p });
+        for m in &moves.sends {
+            let channel = ring.channel(m.side, 0);
+            let Some(&(_, h, p)) = sent.iter().find(|(o, ..)| *o == m.origin) else {
+                continue;
+            };
+            if m.part.header() {
+                step.push(Transfer::Send { channel, data: h });
+            }
+            if m.part.payload() {
+                step.push(Transfer::Send { channel, data: p });
+            }
         }
-        for (&(channel, o), check) in recvs.iter().zip(&expect) {
-            let i = index(o);
-            if let (Some(buf), Some(p)) = (heads[i].take(), payloads[i].take()) {
+        for (m, check) in moves.recvs.iter().zip(&expect) {
+            let channel = ring.channel(m.side, 0);
+            let i = index(m.origin);
+            if m.part.header()
+                && let Some(buf) = heads[i].take()
+            {
                 // The header is judged as it lands, before the step waits for anything else.
                 step.push(Transfer::Recv {
                     channel,
                     landing: Landing::Checked { buf, check },
                 });
+            }
+            if m.part.payload()
+                && let Some(p) = payloads[i].take()
+            {
                 step.push(Transfer::Recv {
                     channel,
                     landing: Landing::Into(p),
@@ -281,6 +282,130 @@ fn relay<F: Fabric + ?Sized>(
         fabric.run(&mut step, deadline)?;
     }
     Ok(())
+}
+
+/// Which part of a rank's call a [`Move`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Its header, then its vector.
+    Whole,
+    /// Its header alone: the vector follows in a later step.
+    Header,
+    /// Its vector alone, whose header went in an earlier step.
+    Payload,
+}
+
+impl Part {
+    fn header(self) -> bool {
+        matches!(self, Part::Whole | Part::Header)
+    }
+
+    fn payload(self) -> bool {
+        matches!(self, Part::Whole | Part::Payload)
+    }
+}
+
+/// One rank's call, or part of it, crossing one link in one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Move {
+    /// The neighbour it goes to or comes from.
+    side: Side,
+    /// The rank whose call it is.
+    origin: usize,
+    /// What of it moves.
+    part: Part,
+}
+
+/// What one rank sends and receives in one step of the relay, in the order it goes on the
+/// wire.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Moves {
+    sends: SmallVec<[Move; 3]>,
+    recvs: SmallVec<[Move; 3]>,
+}
+
+/// The relay's steps for `rank` of `ranks`, as a pure schedule.
+///
+/// On 4 ranks the ring's four links hold two pairings, {0,1}{2,3} and {0,3}{1,2}. In step 1
+/// each rank swaps its vector with its partner in the first and its header alone with its
+/// partner in the second; in step 2 it sends the second partner its own vector and its first
+/// partner's call, in one message. That is the same 2 hops and the same 3 vectors as going both
+/// ways round, in 2 messages of vectors per rank instead of 3, where a message's system calls
+/// and wake-ups cost more than its bytes, as they do below the crossover. The header goes
+/// ahead so that, as on every other schedule, an operation's first bytes on each of a rank's
+/// links are its header, sent before it waits for anything: a rank whose program called
+/// something else reads it at once, whichever link it waits on, and the mismatch is found
+/// instead of waited out. On other sizes the vectors go both ways round the ring.
+fn plan(rank: usize, ranks: usize) -> SmallVec<[Moves; 4]> {
+    let side_of = |peer: usize| {
+        if peer == (rank + 1) % ranks {
+            Side::Right
+        } else {
+            Side::Left
+        }
+    };
+    let go = |peer: usize, origin: usize, part: Part| Move {
+        side: side_of(peer),
+        origin,
+        part,
+    };
+    if ranks == 4 {
+        let (first, second) = (rank ^ 1, 3 - rank);
+        let mut steps = SmallVec::new();
+        steps.push(Moves {
+            sends: [go(first, rank, Part::Whole), go(second, rank, Part::Header)]
+                .into_iter()
+                .collect(),
+            recvs: [
+                go(first, first, Part::Whole),
+                go(second, second, Part::Header),
+            ]
+            .into_iter()
+            .collect(),
+        });
+        steps.push(Moves {
+            sends: [
+                go(second, rank, Part::Payload),
+                go(second, first, Part::Whole),
+            ]
+            .into_iter()
+            .collect(),
+            recvs: [
+                go(second, second, Part::Payload),
+                go(second, second ^ 1, Part::Whole),
+            ]
+            .into_iter()
+            .collect(),
+        });
+        return steps;
+    }
+    let at = |back: bool, t: usize| {
+        if back {
+            (rank + ranks - t % ranks) % ranks
+        } else {
+            (rank + t) % ranks
+        }
+    };
+    let whole = |side: Side, origin: usize| Move {
+        side,
+        origin,
+        part: Part::Whole,
+    };
+    let last = steps(ranks);
+    (1..=last)
+        .map(|t| {
+            let mut moves = Moves::default();
+            moves.sends.push(whole(Side::Right, at(true, t - 1)));
+            moves.recvs.push(whole(Side::Left, at(true, t)));
+            // With R even the last step's two vectors are one rank's: only the rightward one
+            // moves.
+            if !(ranks.is_multiple_of(2) && t == last) {
+                moves.sends.push(whole(Side::Left, at(false, t - 1)));
+                moves.recvs.push(whole(Side::Right, at(false, t)));
+            }
+            moves
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -293,6 +418,120 @@ mod tests {
         assert_eq!(hops, [1, 1, 2, 2, 3, 3, 4, 4]);
         for ranks in 2..=9usize {
             assert_eq!(steps(ranks), (ranks - 1).div_ceil(2), "{ranks}");
+        }
+    }
+
+    #[test]
+    fn every_send_of_the_plan_meets_its_receive_and_every_rank_ends_with_every_call() {
+        let opposite = |side: Side| match side {
+            Side::Right => Side::Left,
+            Side::Left => Side::Right,
+        };
+        let peer = |r: usize, side: Side, ranks: usize| match side {
+            Side::Right => (r + 1) % ranks,
+            Side::Left => (r + ranks - 1) % ranks,
+        };
+        for ranks in 2..=9usize {
+            let plans: Vec<_> = (0..ranks).map(|r| plan(r, ranks)).collect();
+            // (origin, header held, payload held) per rank.
+            let mut held: Vec<Vec<(usize, bool, bool)>> =
+                (0..ranks).map(|r| vec![(r, true, true)]).collect();
+            for r in 0..ranks {
+                assert_eq!(plans[r].len(), steps(ranks), "{ranks} ranks, rank {r}");
+                // An operation's first bytes to each neighbour are a header, sent in step 1.
+                for side in [Side::Left, Side::Right] {
+                    let first = plans[r].iter().enumerate().find_map(|(t, m)| {
+                        m.sends.iter().find(|s| s.side == side).map(|s| (t, *s))
+                    });
+                    if let Some((t, m)) = first {
+                        assert!(m.part.header(), "{ranks}: rank {r} {side:?}");
+                        assert_eq!(t, 0, "{ranks}: rank {r} {side:?}");
+                    }
+                }
+                let neighbours: Vec<usize> = plans[r][0]
+                    .sends
+                    .iter()
+                    .map(|m| peer(r, m.side, ranks))
+                    .collect();
+                for side in [Side::Left, Side::Right] {
+                    assert!(
+                        neighbours.contains(&peer(r, side, ranks)),
+                        "{ranks}: rank {r}"
+                    );
+                }
+            }
+            for t in 0..steps(ranks) {
+                let before = held.clone();
+                for r in 0..ranks {
+                    let moves = &plans[r][t];
+                    for m in &moves.sends {
+                        let (_, h, p) = before[r]
+                            .iter()
+                            .copied()
+                            .find(|x| x.0 == m.origin)
+                            .unwrap_or((m.origin, false, false));
+                        assert!(h || !m.part.header(), "{ranks}: rank {r} step {t}");
+                        assert!(p || !m.part.payload(), "{ranks}: rank {r} step {t}");
+                    }
+                    for side in [Side::Left, Side::Right] {
+                        let to = peer(r, side, ranks);
+                        let sent: Vec<Move> = moves
+                            .sends
+                            .iter()
+                            .copied()
+                            .filter(|m| m.side == side)
+                            .collect();
+                        let landed: Vec<Move> = plans[to][t]
+                            .recvs
+                            .iter()
+                            .copied()
+                            .filter(|m| m.side == opposite(side))
+                            .map(|m| Move { side, ..m })
+                            .collect();
+                        assert_eq!(sent, landed, "{ranks}: rank {r} step {t} {side:?}");
+                    }
+                    for m in &moves.recvs {
+                        let at = match held[r].iter().position(|x| x.0 == m.origin) {
+                            Some(at) => at,
+                            None => {
+                                held[r].push((m.origin, false, false));
+                                held[r].len() - 1
+                            }
+                        };
+                        let entry = &mut held[r][at];
+                        assert!(
+                            !(entry.1 && m.part.header()),
+                            "{ranks}: header twice at {r}"
+                        );
+                        assert!(
+                            !(entry.2 && m.part.payload()),
+                            "{ranks}: payload twice at {r}"
+                        );
+                        entry.1 |= m.part.header();
+                        entry.2 |= m.part.payload();
+                    }
+                }
+            }
+            for (r, h) in held.iter_mut().enumerate() {
+                h.sort_unstable();
+                let every: Vec<_> = (0..ranks).map(|o| (o, true, true)).collect();
+                assert_eq!(*h, every, "{ranks}: rank {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn four_ranks_send_two_messages_of_vectors_each_where_going_both_ways_takes_three() {
+        for rank in 0..4 {
+            let messages: usize = plan(rank, 4)
+                .iter()
+                .flat_map(|m| &m.sends)
+                .filter(|m| m.part.payload())
+                .map(|m| m.side)
+                .collect::<Vec<_>>()
+                .chunk_by(|a, b| a == b)
+                .count();
+            assert_eq!(messages, 2, "rank {rank}");
         }
     }
 }
