@@ -30,6 +30,14 @@
 //!   when they come late only after at least that many looking waits (contention is rare,
 //!   so looking wins), up to [`MAX_HOLD`] waits.
 //!
+//! - A wait that outlasts the cap burnt the cap for nothing: it parks in the end all the same.
+//!   After [`OUTLASTED`] such waits in a row, waits park at once, until one ends within the
+//!   cap (a parked wait measures that as well as a looking one). That is a link-bound
+//!   transfer, each wait for the link's next bytes, or a hop longer than the cap (Thunderbolt
+//!   IP's round trips take 0.4–0.95 ms): the looks only took cycles from the kernel's network
+//!   processing on the same cores. It costs no time where the prediction holds (the wait would
+//!   have parked anyway), and one wake ([`PARK_COST`]) where it fails.
+//!
 //! [`Spin::Fixed`] looks for the same time every wait and never holds (zero parks at once):
 //! what `NUVEC_DISTRIBUTED_SPIN_US` and [`Options::spin`](crate::Options::spin) set, and how
 //! the candidates are compared (`benches/compare.sh`, `benches/waits.sh`; the README's
@@ -139,6 +147,10 @@ pub(crate) const MAX_HOLD: u32 = 1 << 16;
 /// The largest scale of a hold.
 const MAX_SCALE: u32 = 1024;
 
+/// After this many waits in a row that outlasted the cap, waits park at once (see the
+/// [module documentation](self)).
+pub(crate) const OUTLASTED: u32 = 4;
+
 /// What to do after a pass that moved nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Next {
@@ -168,6 +180,8 @@ pub(crate) struct Waiter {
     scale: u32,
     /// The waits that looked without coming late since the last hold began.
     streak: u32,
+    /// The waits in a row, to the last, that outlasted the cap.
+    outlasted: u32,
 }
 
 impl Waiter {
@@ -184,6 +198,7 @@ impl Waiter {
             scale: 1,
             // No late look yet: as if looking had always paid.
             streak: u32::MAX,
+            outlasted: 0,
         }
     }
 
@@ -191,7 +206,9 @@ impl Waiter {
     pub(crate) fn budget(&self) -> Duration {
         match self.spin {
             Spin::Fixed(spin) => spin,
-            Spin::Adaptive(_) if self.hold_left > 0 => Duration::ZERO,
+            Spin::Adaptive(_) if self.hold_left > 0 || self.outlasted >= OUTLASTED => {
+                Duration::ZERO
+            }
             Spin::Adaptive(cap) => cap,
         }
     }
@@ -258,8 +275,16 @@ impl Waiter {
     /// The step moved bytes in a pass that began at `looked`, ending the wait under way, if
     /// any.
     pub(crate) fn moved(&mut self, looked: Duration) {
-        if self.since.take().is_none() {
+        let Some(since) = self.since.take() else {
             return;
+        };
+        if let Spin::Adaptive(cap) = self.spin {
+            // Whether a look for the whole cap would have found the bytes, however it waited.
+            if looked.saturating_sub(since) > cap {
+                self.outlasted = self.outlasted.saturating_add(1);
+            } else {
+                self.outlasted = 0;
+            }
         }
         let parked = std::mem::take(&mut self.parked);
         if std::mem::take(&mut self.held) || !matches!(self.spin, Spin::Adaptive(_)) {
@@ -405,6 +430,29 @@ mod tests {
         }
         assert_eq!(w.scale, 1);
         assert_eq!(w.hold, 1000, "a 4 ms loss holds 1000 waits of 4 µs");
+    }
+
+    #[test]
+    fn waits_that_outlast_the_cap_four_times_running_park_at_once_until_one_ends_within_it() {
+        let mut w = Waiter::new(Spin::Adaptive(CAP));
+        // The first long waits (the link's) each look for the cap, then park.
+        for i in 0..u64::from(OUTLASTED) {
+            assert!(wait(&mut w, i * 10_000, i * 10_000 + 500, 1), "wait {i}");
+        }
+        // From the fourth in a row on, long waits park at once.
+        for i in 4..100u64 {
+            assert!(!wait(&mut w, i * 10_000, i * 10_000 + 500, 1), "wait {i}");
+        }
+        // A parked wait that ended within the cap: the next one looks again.
+        assert!(!wait(&mut w, 1_000_000, 1_000_020, 1));
+        assert_eq!(w.budget(), CAP);
+        assert!(wait(&mut w, 1_010_000, 1_010_020, 1));
+        // Short waits between long ones keep every wait looking.
+        for i in 0..100u64 {
+            let t = 2_000_000 + i * 10_000;
+            let arrives = if i % 4 == 3 { t + 20 } else { t + 500 };
+            assert!(wait(&mut w, t, arrives, 1), "wait {i}");
+        }
     }
 
     #[test]
