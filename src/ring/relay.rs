@@ -56,6 +56,9 @@ use crate::fabric::{Fabric, FabricError, Landing, Transfer};
 /// | 4, loopback | 0.46 | | 0.73 | | 1.28 |
 /// | 8, loopback | 0.60 | | 0.86 | | 2.13 |
 ///
+/// On 4 ranks the relay now goes by pairs ([`plan`]); the same curve on 4 hosts with it
+/// (2026-12-05, the same command, best of 3): 0.48, 0.59, 0.64, 0.82, 1.13.
+///
 /// The relay wins up to 16 KiB at every R measured and loses at 64 KiB at every R (at 32
 /// KiB on 2 hosts already), so the crossover is 16 KiB. Where a hop costs more (Thunderbolt IP
 /// pings 0.38–0.95 ms, against tens of µs here) the relay gains more and the crossover would
