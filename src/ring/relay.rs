@@ -7,7 +7,7 @@
 //! t−1 (its own in step 1): to the right what came from the left, to the left what came from the
 //! right. With R even the last step's two vectors are one rank's, so only the rightward one
 //! moves. On 4 ranks the same 2 hops go by pairs instead, in fewer messages: each rank swaps its
-//! vector with one neighbour, then both vectors it holds with the other (see [`plan`]). Every
+//! vector with one neighbour, then both vectors it holds with the other (see `plan`). Every
 //! vector travels with the [`Fingerprint`] of its origin's call, judged the moment
 //! it lands ([`Landing::Checked`]), so every rank compares every other rank's call with its own
 //! before it folds or returns anything, and a mismatch fails the step at once.
@@ -56,7 +56,7 @@ use crate::fabric::{Fabric, FabricError, Landing, Transfer};
 /// | 4, loopback | 0.46 | | 0.73 | | 1.28 |
 /// | 8, loopback | 0.60 | | 0.86 | | 2.13 |
 ///
-/// On 4 ranks the relay now goes by pairs ([`plan`]); the same curve on 4 hosts with it
+/// On 4 ranks the relay now goes by pairs (`plan`); the same curve on 4 hosts with it
 /// (2026-12-05, the same command, best of 3): 0.48, 0.59, 0.64, 0.82, 1.13.
 ///
 /// The relay wins up to 16 KiB at every R measured and loses at 64 KiB at every R (at 32
@@ -233,7 +233,7 @@ fn relay<F: Fabric + ?Sized>(
         let index = |o: usize| origins.iter().position(|&x| x == o).unwrap_or(0);
         // Sent slices are shared (read by every send of their origin); received ones are not:
         // a step never sends and receives one origin.
-        let mut sent: SmallVec<[(usize, &[u8], &[u8]); 2]> = SmallVec::new();
+        let mut sent: SmallVec<[Sent<'_>; 2]> = SmallVec::new();
         for m in &moves.sends {
             let i = index(m.origin);
             if let (Some(h), Some(p)) = (heads[i].take(), payloads[i].take()) {
@@ -286,6 +286,9 @@ fn relay<F: Fabric + ?Sized>(
     }
     Ok(())
 }
+
+/// A vector this rank sends in a step: its origin, its header and its payload.
+type Sent<'a> = (usize, &'a [u8], &'a [u8]);
 
 /// Which part of a rank's call a [`Move`] carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -439,11 +442,11 @@ mod tests {
             // (origin, header held, payload held) per rank.
             let mut held: Vec<Vec<(usize, bool, bool)>> =
                 (0..ranks).map(|r| vec![(r, true, true)]).collect();
-            for r in 0..ranks {
-                assert_eq!(plans[r].len(), steps(ranks), "{ranks} ranks, rank {r}");
+            for (r, steps_of_r) in plans.iter().enumerate() {
+                assert_eq!(steps_of_r.len(), steps(ranks), "{ranks} ranks, rank {r}");
                 // An operation's first bytes to each neighbour are a header, sent in step 1.
                 for side in [Side::Left, Side::Right] {
-                    let first = plans[r].iter().enumerate().find_map(|(t, m)| {
+                    let first = steps_of_r.iter().enumerate().find_map(|(t, m)| {
                         m.sends.iter().find(|s| s.side == side).map(|s| (t, *s))
                     });
                     if let Some((t, m)) = first {
@@ -451,7 +454,7 @@ mod tests {
                         assert_eq!(t, 0, "{ranks}: rank {r} {side:?}");
                     }
                 }
-                let neighbours: Vec<usize> = plans[r][0]
+                let neighbours: Vec<usize> = steps_of_r[0]
                     .sends
                     .iter()
                     .map(|m| peer(r, m.side, ranks))
@@ -463,6 +466,10 @@ mod tests {
                     );
                 }
             }
+            #[allow(
+                clippy::needless_range_loop,
+                reason = "step t of every rank's plan, and the peer's"
+            )]
             for t in 0..steps(ranks) {
                 let before = held.clone();
                 for r in 0..ranks {
