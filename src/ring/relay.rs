@@ -357,8 +357,8 @@ fn plan(rank: usize, ranks: usize) -> SmallVec<[Moves; 4]> {
     };
     if ranks == 4 {
         let (first, second) = (rank ^ 1, 3 - rank);
-        let mut steps = SmallVec::new();
-        steps.push(Moves {
+        let mut pairs = SmallVec::new();
+        pairs.push(Moves {
             sends: [go(first, rank, Part::Whole), go(second, rank, Part::Header)]
                 .into_iter()
                 .collect(),
@@ -369,7 +369,7 @@ fn plan(rank: usize, ranks: usize) -> SmallVec<[Moves; 4]> {
             .into_iter()
             .collect(),
         });
-        steps.push(Moves {
+        pairs.push(Moves {
             sends: [
                 go(second, rank, Part::Payload),
                 go(second, first, Part::Whole),
@@ -383,7 +383,7 @@ fn plan(rank: usize, ranks: usize) -> SmallVec<[Moves; 4]> {
             .into_iter()
             .collect(),
         });
-        return steps;
+        return pairs;
     }
     let at = |back: bool, t: usize| {
         if back {

@@ -280,16 +280,18 @@ impl Waiter {
         let Some(since) = self.since.take() else {
             return;
         };
-        if let Spin::Adaptive(cap) = self.spin {
-            // Whether a look for the whole cap would have found the bytes, however it waited.
-            if looked.saturating_sub(since) > cap {
-                self.outlasted = self.outlasted.saturating_add(1);
-            } else {
-                self.outlasted = 0;
-            }
-        }
         let parked = std::mem::take(&mut self.parked);
-        if std::mem::take(&mut self.held) || !matches!(self.spin, Spin::Adaptive(_)) {
+        let held = std::mem::take(&mut self.held);
+        let Spin::Adaptive(cap) = self.spin else {
+            return;
+        };
+        // Whether a look for the whole cap would have found the bytes, however it waited.
+        if looked.saturating_sub(since) > cap {
+            self.outlasted = self.outlasted.saturating_add(1);
+        } else {
+            self.outlasted = 0;
+        }
+        if held {
             return;
         }
         let gap = looked.saturating_sub(self.last);
@@ -441,8 +443,8 @@ mod tests {
         for i in 0..u64::from(OUTLASTED) {
             assert!(wait(&mut w, i * 10_000, i * 10_000 + 500, 1), "wait {i}");
         }
-        // From the fourth in a row on, long waits park at once.
-        for i in 4..100u64 {
+        // After that many in a row, long waits park at once.
+        for i in u64::from(OUTLASTED)..100 {
             assert!(!wait(&mut w, i * 10_000, i * 10_000 + 500, 1), "wait {i}");
         }
         // A parked wait that ended within the cap: the next one looks again.
