@@ -765,14 +765,25 @@ impl Fabric for TcpFabric {
 
     fn probe(&mut self) -> Vec<(usize, String)> {
         let mut down = Vec::new();
-        for (peer, row) in self.links.iter().enumerate() {
-            for (link, l) in row.iter().enumerate() {
-                let mut byte = [0u8; 1];
-                let state = match l.stream.peek(&mut byte) {
-                    Ok(0) => Some("the connection was closed by the peer".to_string()),
-                    Ok(_) => None,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-                    Err(e) => Some(e.to_string()),
+        for (peer, row) in self.links.iter_mut().enumerate() {
+            for (link, l) in row.iter_mut().enumerate() {
+                let state = if l.local.is_some() {
+                    // A local link's stream carries only doorbells, and one rung after the
+                    // last step stays unread until a step parks: peeked at, it would hide the
+                    // stream's end behind it. Read them, as a parked step does.
+                    if !l.gone {
+                        l.ring(drain(&l.stream));
+                    }
+                    l.gone
+                        .then(|| "the connection was closed by the peer".to_string())
+                } else {
+                    let mut byte = [0u8; 1];
+                    match l.stream.peek(&mut byte) {
+                        Ok(0) => Some("the connection was closed by the peer".to_string()),
+                        Ok(_) => None,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+                        Err(e) => Some(e.to_string()),
+                    }
                 };
                 let state = state.or_else(|| match l.stream.take_error() {
                     Ok(Some(e)) => Some(e.to_string()),
