@@ -155,11 +155,7 @@ fn run_job(shape: &Shape, plan: &Plan, harness: &[PathBuf; 2], mlx: &[usize], na
     );
     let script_path = out.join("rank.sh");
     std::fs::write(&script_path, script).expect("write the rank script");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-        .to_string();
+    let port = crate::common::ports::consecutive(1).to_string();
     let envs = [
         format!("{PLAN_VAR}={}", plan.dir.join("plan.txt").display()),
         format!("{OUT_VAR}={}", out.display()),

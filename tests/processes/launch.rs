@@ -20,7 +20,6 @@ use crate::common::run::{
 };
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -201,30 +200,11 @@ fn nuvec_launch(tmp: &Path, args: &[&str]) -> Command {
     cmd
 }
 
-/// `n` consecutive free loopback ports: the first is the system's choice, the next ones are
-/// checked free (all released before returning; another process could take one meanwhile).
-fn free_ports(n: u16) -> u16 {
-    for _ in 0..100 {
-        let first = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-        let base = first.local_addr().expect("address").port();
-        if u32::from(base) + u32::from(n) > 65535 {
-            continue;
-        }
-        let rest: Result<Vec<TcpListener>, _> = (1..n)
-            .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if rest.is_ok() {
-            return base;
-        }
-    }
-    panic!("no {n} consecutive free loopback ports");
-}
-
 #[test]
 fn four_local_ranks_run_a_real_all_sum_over_the_ring() {
     let _job = procs::exclusive();
     let tmp = scratch("ring");
-    let port = free_ports(4);
+    let port = crate::common::ports::consecutive(4);
     let port_arg = port.to_string();
     let mut args = vec![
         "-n",
@@ -388,7 +368,7 @@ fn jaccl_jobs(launcher: &Path, extra: &[&str]) {
         let hostfile = dir.join(format!("{backend}-{}.json", rdma[0].len()));
         std::fs::write(&hostfile, jaccl_hostfile(backend, rdma)).expect("write the host file");
         let hostfile_arg = hostfile.display().to_string();
-        let port = free_ports(1).to_string();
+        let port = crate::common::ports::consecutive(1).to_string();
         let mut args = vec![
             "--hostfile",
             &hostfile_arg,
@@ -891,7 +871,7 @@ fn failing_job(name: &str, role: &str, how: &str) -> Failed {
     let _job = procs::exclusive();
     let tmp = scratch(name);
     let dump = tmp.join("dump").display().to_string();
-    let port = free_ports(4).to_string();
+    let port = crate::common::ports::consecutive(4).to_string();
     let role = format!("{ROLE}={role}");
     let failure = format!("NUVEC_LAUNCH_TEST_FAILURE={how}");
     let mut args = vec![
@@ -1109,7 +1089,7 @@ fn a_job_whose_ranks_all_exit_0_after_a_disagreement_on_mlxs_wire_exits_1_with_t
     // numbers) and both ranks exit 0; their records, written as they exit, disagree.
     let _job = procs::exclusive();
     let tmp = scratch("disagree-mlx");
-    let port = free_ports(2).to_string();
+    let port = crate::common::ports::consecutive(2).to_string();
     let role = format!("{ROLE}=mismatch-after-all-sum");
     let mut args = vec![
         "-n",
