@@ -322,6 +322,8 @@ struct Progress {
     together: bool,
     /// For receives handed to a sink: the reassembly of whole elements.
     stream: Reassembly,
+    /// Whether this receive, complete, was judged ([`Transfer::verdict`]).
+    judged: bool,
 }
 
 /// The failure of transfer `t`, `done` bytes in, on socket error `e`, on a fabric whose link
@@ -367,10 +369,12 @@ fn read_through(
 
 /// Whether transfer `i` of `step` moves together with the next ones on its channel and
 /// direction, in one vectored system call: a send followed by other sends with bytes on its
-/// channel (a header and its payload), or a header's receive (a [`Landing::Checked`])
-/// followed by a receive into a buffer on its channel (the payload). The nuvec wire sends
-/// every small message as a header and a payload; moved apart, each would be a system call,
-/// and a packet, of its own at both ends. The bytes and their order are the same either way.
+/// channel (a header and its payload), or a receive into a buffer followed by another receive
+/// into a buffer on its channel (a header and its payload, or on the nuvec wire's 4-rank relay
+/// a vector, then the header and vector of the call it forwards: [`bufferable`]). The nuvec
+/// wire sends every small message as a header and a payload; moved apart, each would be a
+/// system call, and a packet, of its own at both ends. The bytes and their order are the same
+/// either way.
 fn together(step: &[Transfer<'_>], i: usize) -> bool {
     let Some(t) = step.get(i) else {
         return false;
@@ -380,18 +384,34 @@ fn together(step: &[Transfer<'_>], i: usize) -> bool {
         .find(|n| n.channel() == t.channel() && n.direction() == t.direction());
     match (t, next) {
         (Transfer::Send { .. }, Some(Transfer::Send { data, .. })) => !data.is_empty(),
-        (
-            Transfer::Recv {
-                landing: Landing::Checked { .. },
-                ..
-            },
-            Some(Transfer::Recv {
-                landing: Landing::Into(buf),
-                ..
-            }),
-        ) => !buf.is_empty() && !scratch::aliases(buf.as_ptr()),
+        (Transfer::Recv { .. }, Some(n)) => bufferable(t) && bufferable(n),
         _ => false,
     }
+}
+
+/// Whether `t` is a receive that can share a vectored read: one into a buffer of its own
+/// ([`Landing::Into`] or [`Landing::Checked`]), not empty, and not one the kernel is slow to
+/// copy into (read through the scratch instead). A receive handed to a sink cannot: its bytes
+/// go through the scratch to be reassembled into whole elements.
+fn bufferable(t: &Transfer<'_>) -> bool {
+    match t {
+        Transfer::Recv {
+            landing: Landing::Into(buf) | Landing::Checked { buf, .. },
+            ..
+        } => !buf.is_empty() && !scratch::aliases(buf.as_ptr()),
+        _ => false,
+    }
+}
+
+/// Whether `t` is a receive judged as it lands ([`Landing::Checked`]).
+fn is_checked(t: &Transfer<'_>) -> bool {
+    matches!(
+        t,
+        Transfer::Recv {
+            landing: Landing::Checked { .. },
+            ..
+        }
+    )
 }
 
 /// Moves transfer `i` of `step` and those that go [`together`] with it as far as the socket
@@ -414,10 +434,14 @@ fn advance_together(
                 .filter(|&j| (step[j].channel(), step[j].direction()) == key)
                 .take(3),
         );
-    } else if let Some(j) =
-        (i + 1..step.len()).find(|&j| (step[j].channel(), step[j].direction()) == key)
-    {
-        members.push(j);
+    } else {
+        // The receives after it on its channel while each can share the read.
+        members.extend(
+            (i + 1..step.len())
+                .filter(|&j| (step[j].channel(), step[j].direction()) == key)
+                .take_while(|&j| bufferable(&step[j]))
+                .take(3),
+        );
     }
     let mut moved = false;
     loop {
@@ -440,36 +464,36 @@ fn advance_together(
             }
             io::Write::write_vectored(&mut link.stream, &slices)
         } else {
-            let j = members.get(1).copied().unwrap_or(i);
-            let (head, tail) = step.split_at_mut(j.max(i + 1));
-            let first = match &mut head[i] {
-                Transfer::Recv {
-                    landing: Landing::Checked { buf, .. },
+            // Every member's rest, in order, as one read (members before the first unfinished
+            // one give nothing).
+            let mut budget = limits::MAX_IO;
+            let mut slices: smallvec::SmallVec<[io::IoSliceMut<'_>; 4]> = smallvec::SmallVec::new();
+            let mut rest: &mut [Transfer<'_>] = &mut step[i..];
+            let mut at = i;
+            for &j in &members {
+                let (_, from_j) = std::mem::take(&mut rest).split_at_mut(j - at);
+                let Some((t, after)) = from_j.split_first_mut() else {
+                    break;
+                };
+                rest = after;
+                at = j + 1;
+                if let Transfer::Recv {
+                    landing: Landing::Into(buf) | Landing::Checked { buf, .. },
                     ..
-                } => {
-                    let at = progress[i].done.min(buf.len());
-                    &mut buf[at..]
+                } = t
+                {
+                    let len = buf.len();
+                    let left = &mut buf[progress[j].done.min(len)..];
+                    let take = left.len().min(budget);
+                    budget -= take;
+                    if take > 0 {
+                        slices.push(io::IoSliceMut::new(&mut left[..take]));
+                    }
                 }
-                _ => &mut [][..],
-            };
-            let second = match tail.first_mut() {
-                Some(Transfer::Recv {
-                    landing: Landing::Into(buf),
-                    ..
-                }) if j != i => {
-                    let at = progress[j].done.min(buf.len());
-                    &mut buf[at..]
-                }
-                _ => &mut [][..],
-            };
-            if first.is_empty() && second.is_empty() {
+            }
+            if slices.is_empty() {
                 return Ok(moved);
             }
-            let second_len = second.len().min(limits::MAX_IO - first.len());
-            let mut slices = [
-                io::IoSliceMut::new(first),
-                io::IoSliceMut::new(&mut second[..second_len]),
-            ];
             io::Read::read_vectored(&mut link.stream, &mut slices)
         };
         match result {
@@ -479,15 +503,17 @@ fn advance_together(
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(mut n) => {
                 moved = true;
+                let mut judge = false;
                 for &j in &members {
                     let left = step[j].len() - progress[j].done;
                     let took = left.min(n);
                     progress[j].done += took;
                     n -= took;
+                    judge |= took > 0 && took == left && is_checked(&step[j]);
                 }
-                // A header is judged the moment it is whole: the payload after it waits for
-                // the verdict (the caller gives it).
-                if matches!(step[i], Transfer::Recv { .. }) && progress[i].done == step[i].len() {
+                // A header is judged the moment it is whole: the bytes after it wait for the
+                // verdict (the caller gives it).
+                if judge {
                     return Ok(moved);
                 }
             }
@@ -838,6 +864,7 @@ impl TcpFabric {
                     }
                     Transfer::Send { .. } => Reassembly::new(0, 1),
                 },
+                judged: false,
             })
             .collect();
         self.waiter.reset();
@@ -866,22 +893,34 @@ impl TcpFabric {
                 } else {
                     advance(link, &mut step[i], &mut progress[i])
                 };
-                let (t, p) = (&step[i], &progress[i]);
                 match advanced {
                     Ok(m) => {
                         moved |= m;
-                        if m && t.direction() == Direction::Recv {
+                        if m && step[i].direction() == Direction::Recv {
                             // When this pass began (one clock read a pass; the watch that
                             // reads it waits for silences of 100 ms).
                             self.heard[c.peer] = Some(pass);
-                            if p.done == t.len() {
-                                t.verdict()?;
+                            // This receive and those completed together with it, each judged
+                            // once, in order.
+                            for j in i..step.len() {
+                                if (step[j].channel(), step[j].direction()) != key {
+                                    continue;
+                                }
+                                if progress[j].done < step[j].len() {
+                                    break;
+                                }
+                                if !progress[j].judged {
+                                    progress[j].judged = true;
+                                    step[j].verdict()?;
+                                }
                             }
                         }
                     }
-                    Err(e) => return Err(failure(t, p.done, &e, self.link_timeout)),
+                    Err(e) => {
+                        return Err(failure(&step[i], progress[i].done, &e, self.link_timeout));
+                    }
                 }
-                if p.done < t.len() {
+                if progress[i].done < step[i].len() {
                     busy.push(key);
                 }
             }
@@ -1166,11 +1205,104 @@ mod tests {
         ];
         let together: Vec<bool> = (0..step.len()).map(|i| together(&step, i)).collect();
         // The first header's payload follows past a receive and a send on another channel;
-        // the second header is followed only by an empty send; a header's receive goes with
-        // the payload after it on its channel, and alone where none follows.
+        // the second header is followed only by an empty send; a receive goes with the
+        // receive into a buffer after it on its channel (a payload, then a header), and alone
+        // where none follows.
         assert_eq!(
             together,
-            [true, false, false, false, false, true, false, false]
+            [true, true, false, false, false, true, false, false]
+        );
+    }
+
+    /// Refuses a header whose first byte is 9.
+    struct NotNine;
+
+    impl crate::fabric::Check for NotNine {
+        fn check(&self, bytes: &[u8]) -> Result<(), String> {
+            if bytes.first() == Some(&9) {
+                return Err("a header of 9s".into());
+            }
+            Ok(())
+        }
+    }
+
+    /// Rank 1 sends a vector, a header of `mark` and a second vector on one connection; rank 0
+    /// receives them as the 4-rank relay's second step does (the vector, then the forwarded
+    /// call's header, judged, and vector): the step's result and what landed.
+    fn forwarded(mark: u8) -> (Result<(), FabricError>, [u8; 32], Vec<u8>) {
+        let (mut zero, mut one) = pair();
+        let first: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        let second: Vec<u8> = (0..4096u32).map(|i| (i % 241) as u8).collect();
+        let (a, b) = (first.clone(), second);
+        let sender = std::thread::spawn(move || {
+            let header = [mark; 32];
+            let mut step = [
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &a,
+                },
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &header,
+                },
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &b,
+                },
+            ];
+            let deadline = one.now() + Duration::from_secs(30);
+            one.run(&mut step, deadline).expect("send");
+        });
+        let (mut x, mut h, mut y) = (vec![0u8; 4096], [0u8; 32], vec![0u8; 4096]);
+        let mut step = [
+            Transfer::Recv {
+                channel: Channel::new(1, 0),
+                landing: Landing::Into(&mut x),
+            },
+            Transfer::Recv {
+                channel: Channel::new(1, 0),
+                landing: Landing::Checked {
+                    buf: &mut h,
+                    check: &NotNine,
+                },
+            },
+            Transfer::Recv {
+                channel: Channel::new(1, 0),
+                landing: Landing::Into(&mut y),
+            },
+        ];
+        assert!(
+            (0..2).all(|i| together(&step, i)),
+            "the three receives share reads"
+        );
+        let deadline = zero.now() + Duration::from_secs(30);
+        let result = zero.run(&mut step, deadline);
+        sender.join().expect("the sender");
+        assert!(x == first, "the first vector, in order");
+        (result, h, y)
+    }
+
+    #[test]
+    fn a_vector_then_a_forwarded_call_arrive_whole_and_in_order_in_shared_reads() {
+        let (result, header, second) = forwarded(7);
+        result.expect("the step");
+        assert_eq!(header, [7u8; 32]);
+        let sent: Vec<u8> = (0..4096u32).map(|i| (i % 241) as u8).collect();
+        assert!(second == sent, "the second vector, in order");
+    }
+
+    #[test]
+    fn a_refused_header_between_two_vectors_of_a_shared_read_fails_the_step_as_a_mismatch() {
+        let (result, header, _) = forwarded(9);
+        let e = result.expect_err("a refused header");
+        assert_eq!(header, [9u8; 32]);
+        assert!(
+            matches!(&e.kind, FailureKind::Mismatch(what) if what == "a header of 9s"),
+            "{e:?}"
+        );
+        assert_eq!(
+            (e.channel, e.direction),
+            (Channel::new(1, 0), Direction::Recv)
         );
     }
 
