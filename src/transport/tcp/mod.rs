@@ -371,7 +371,9 @@ fn read_through(
 /// direction, in one vectored system call: a send followed by other sends with bytes on its
 /// channel (a header and its payload), or a receive into a buffer followed by another receive
 /// into a buffer on its channel (a header and its payload, or on the nuvec wire's 4-rank relay
-/// a vector, then the header and vector of the call it forwards: [`bufferable`]). The nuvec
+/// a vector, then the header and vector of the call it forwards: [`bufferable`]), or a
+/// header's receive followed by a receive into a sink (the first step of MLX's schedule on
+/// the nuvec wire: [`advance_header_and_sink`]). The nuvec
 /// wire sends every small message as a header and a payload; moved apart, each would be a
 /// system call, and a packet, of its own at both ends. The bytes and their order are the same
 /// either way.
@@ -384,9 +386,22 @@ fn together(step: &[Transfer<'_>], i: usize) -> bool {
         .find(|n| n.channel() == t.channel() && n.direction() == t.direction());
     match (t, next) {
         (Transfer::Send { .. }, Some(Transfer::Send { data, .. })) => !data.is_empty(),
-        (Transfer::Recv { .. }, Some(n)) => bufferable(t) && bufferable(n),
+        (Transfer::Recv { .. }, Some(n)) => {
+            bufferable(t) && (bufferable(n) || (is_checked(t) && is_sink(n)))
+        }
         _ => false,
     }
+}
+
+/// Whether `t` is a receive handed to a sink ([`Landing::Sink`]).
+fn is_sink(t: &Transfer<'_>) -> bool {
+    matches!(
+        t,
+        Transfer::Recv {
+            landing: Landing::Sink { .. },
+            ..
+        }
+    )
 }
 
 /// Whether `t` is a receive that can share a vectored read: one into a buffer of its own
@@ -425,6 +440,12 @@ fn advance_together(
     i: usize,
 ) -> io::Result<bool> {
     let key = (step[i].channel(), step[i].direction());
+    if let Some(j) = (i + 1..step.len()).find(|&j| (step[j].channel(), step[j].direction()) == key)
+        && is_checked(&step[i])
+        && is_sink(&step[j])
+    {
+        return advance_header_and_sink(link, step, progress, i, j);
+    }
     // The transfers that move together: `i`, then the rest of its channel and direction.
     let mut members: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
     members.push(i);
@@ -595,6 +616,72 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
                 });
             }
             p.done = p.stream.done();
+        }
+    }
+    Ok(moved)
+}
+
+/// Moves a header's receive (`i`, a [`Landing::Checked`]) and the receive into a sink after it
+/// on its channel (`j`) in shared reads while the header is not whole: each read takes the
+/// header's rest and the sink's next bytes into the link's scratch, and the sink is handed the
+/// whole elements among them at once (as [`advance`] does), so the header costs no read of
+/// its own. Returns as soon as the header is whole, for the caller to judge it; the sink goes
+/// on by [`advance`]. Bytes of a call the header refuses may reach the sink before the
+/// verdict: they are the failing operation's, whose output is never returned.
+fn advance_header_and_sink(
+    link: &mut Link,
+    step: &mut [Transfer<'_>],
+    progress: &mut [Progress],
+    i: usize,
+    j: usize,
+) -> io::Result<bool> {
+    let (head, tail) = step.split_at_mut(j);
+    let (
+        Transfer::Recv {
+            landing: Landing::Checked { buf: header, .. },
+            ..
+        },
+        Transfer::Recv {
+            landing: landing @ Landing::Sink { .. },
+            ..
+        },
+    ) = (&mut head[i], &mut tail[0])
+    else {
+        return Ok(false);
+    };
+    let (len, grain) = (landing.len(), landing.grain());
+    link.scratch.reserve(SCRATCH.min(len).max(grain));
+    let mut moved = false;
+    while progress[i].done < header.len() {
+        let (h, p) = (progress[i].done, &mut progress[j]);
+        let scratch = link.scratch.bytes();
+        let at = p.stream.next_read(scratch.len());
+        let (start, room) = (at.start, at.len().min(limits::MAX_IO - (header.len() - h)));
+        let result = {
+            let mut slices = [
+                io::IoSliceMut::new(&mut header[h..]),
+                io::IoSliceMut::new(&mut scratch[start..start + room]),
+            ];
+            io::Read::read_vectored(&mut link.stream, &mut slices)
+        };
+        match result {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                moved = true;
+                let took = n.min(header.len() - h);
+                progress[i].done += took;
+                let rest = n - took;
+                if rest > 0 {
+                    let p = &mut progress[j];
+                    p.stream.absorb(scratch, rest, |offset, bytes| {
+                        landing.deliver(offset, bytes)
+                    });
+                    p.done = p.stream.done();
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(moved)
@@ -1253,11 +1340,19 @@ mod tests {
             let deadline = one.now() + Duration::from_secs(30);
             one.run(&mut step, deadline).expect("send");
         });
-        let (mut x, mut h, mut y) = (vec![0u8; 4096], [0u8; 32], vec![0u8; 4096]);
+        let (mut xs, mut h, mut ys) = (
+            vec![0u8; 4096 + scratch::LINE],
+            [0u8; 32],
+            vec![0u8; 4096 + scratch::LINE],
+        );
+        let (x, y) = (
+            clear_of_a_page_start(&mut xs, 4096),
+            clear_of_a_page_start(&mut ys, 4096),
+        );
         let mut step = [
             Transfer::Recv {
                 channel: Channel::new(1, 0),
-                landing: Landing::Into(&mut x),
+                landing: Landing::Into(x),
             },
             Transfer::Recv {
                 channel: Channel::new(1, 0),
@@ -1268,7 +1363,7 @@ mod tests {
             },
             Transfer::Recv {
                 channel: Channel::new(1, 0),
-                landing: Landing::Into(&mut y),
+                landing: Landing::Into(y),
             },
         ];
         assert!(
@@ -1278,8 +1373,95 @@ mod tests {
         let deadline = zero.now() + Duration::from_secs(30);
         let result = zero.run(&mut step, deadline);
         sender.join().expect("the sender");
-        assert!(x == first, "the first vector, in order");
+        let x = clear_of_a_page_start(&mut xs, 4096);
+        assert!(*x == first[..], "the first vector, in order");
+        let y = clear_of_a_page_start(&mut ys, 4096).to_vec();
         (result, h, y)
+    }
+
+    /// `len` bytes of `buf` (at least `len` + [`scratch::LINE`] long) that do not start in a
+    /// page's first cache line, so that a receive into them is read in place (not
+    /// [`scratch::aliases`]); the same bytes on every call.
+    fn clear_of_a_page_start(buf: &mut [u8], len: usize) -> &mut [u8] {
+        let at = if scratch::aliases(buf.as_ptr()) {
+            scratch::LINE
+        } else {
+            0
+        };
+        &mut buf[at..at + len]
+    }
+
+    /// Rank 1 sends a header of `mark` and a payload of 4-byte elements on one connection;
+    /// rank 0 receives them as MLX's schedule's first step on the nuvec wire does (the header,
+    /// judged, then the payload handed to a sink): the step's result, the header, and the
+    /// sink's bytes by offset (each piece whole elements).
+    fn header_and_sink(mark: u8) -> (Result<(), FabricError>, [u8; 32], Vec<u8>) {
+        let (mut zero, mut one) = pair();
+        let payload: Vec<u8> = (0..65536u32).map(|i| (i % 253) as u8).collect();
+        let sent = payload.clone();
+        let sender = std::thread::spawn(move || {
+            let header = [mark; 32];
+            let mut step = [
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &header,
+                },
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &sent,
+                },
+            ];
+            let deadline = one.now() + Duration::from_secs(30);
+            one.run(&mut step, deadline).expect("send");
+        });
+        let mut h = [0u8; 32];
+        let mut got = vec![0u8; payload.len()];
+        let mut sink = |offset: usize, bytes: &[u8]| {
+            assert_eq!(bytes.len() % 4, 0, "whole elements");
+            got[offset..offset + bytes.len()].copy_from_slice(bytes);
+        };
+        let mut step = [
+            Transfer::Recv {
+                channel: Channel::new(1, 0),
+                landing: Landing::Checked {
+                    buf: &mut h,
+                    check: &NotNine,
+                },
+            },
+            Transfer::Recv {
+                channel: Channel::new(1, 0),
+                landing: Landing::Sink {
+                    len: payload.len(),
+                    grain: 4,
+                    sink: &mut sink,
+                },
+            },
+        ];
+        assert!(together(&step, 0), "the header shares reads with the sink");
+        let deadline = zero.now() + Duration::from_secs(30);
+        let result = zero.run(&mut step, deadline);
+        sender.join().expect("the sender");
+        (result, h, got)
+    }
+
+    #[test]
+    fn a_header_and_the_sink_after_it_share_reads_and_the_sink_gets_every_byte_in_order() {
+        let (result, header, got) = header_and_sink(7);
+        result.expect("the step");
+        assert_eq!(header, [7u8; 32]);
+        let sent: Vec<u8> = (0..65536u32).map(|i| (i % 253) as u8).collect();
+        assert!(got == sent, "the payload, in order");
+    }
+
+    #[test]
+    fn a_refused_header_before_a_sink_fails_the_step_as_a_mismatch() {
+        let (result, header, _) = header_and_sink(9);
+        let e = result.expect_err("a refused header");
+        assert_eq!(header, [9u8; 32]);
+        assert!(
+            matches!(&e.kind, FailureKind::Mismatch(what) if what == "a header of 9s"),
+            "{e:?}"
+        );
     }
 
     #[test]
