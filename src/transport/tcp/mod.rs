@@ -381,9 +381,7 @@ fn together(step: &[Transfer<'_>], i: usize) -> bool {
     let Some(t) = step.get(i) else {
         return false;
     };
-    let next = step[i + 1..]
-        .iter()
-        .find(|n| n.channel() == t.channel() && n.direction() == t.direction());
+    let next = same_way(step, i).nth(1).map(|j| &step[j]);
     match (t, next) {
         (Transfer::Send { .. }, Some(Transfer::Send { data, .. })) => !data.is_empty(),
         (Transfer::Recv { .. }, Some(n)) => {
@@ -391,6 +389,12 @@ fn together(step: &[Transfer<'_>], i: usize) -> bool {
         }
         _ => false,
     }
+}
+
+/// Transfer `i` of `step` and the later ones on its channel and direction, in order.
+fn same_way<'s>(step: &'s [Transfer<'_>], i: usize) -> impl Iterator<Item = usize> + 's {
+    let key = (step[i].channel(), step[i].direction());
+    (i..step.len()).filter(move |&j| (step[j].channel(), step[j].direction()) == key)
 }
 
 /// Whether `t` is a receive handed to a sink ([`Landing::Sink`]).
@@ -439,31 +443,22 @@ fn advance_together(
     progress: &mut [Progress],
     i: usize,
 ) -> io::Result<bool> {
-    let key = (step[i].channel(), step[i].direction());
-    if let Some(j) = (i + 1..step.len()).find(|&j| (step[j].channel(), step[j].direction()) == key)
+    let next = same_way(step, i).nth(1);
+    if let Some(j) = next
         && is_checked(&step[i])
         && is_sink(&step[j])
     {
         return advance_header_and_sink(link, step, progress, i, j);
     }
-    // The transfers that move together: `i`, then the rest of its channel and direction.
-    let mut members: smallvec::SmallVec<[usize; 4]> = smallvec::SmallVec::new();
-    members.push(i);
-    if matches!(step[i], Transfer::Send { .. }) {
-        members.extend(
-            (i + 1..step.len())
-                .filter(|&j| (step[j].channel(), step[j].direction()) == key)
-                .take(3),
-        );
-    } else {
-        // The receives after it on its channel while each can share the read.
-        members.extend(
-            (i + 1..step.len())
-                .filter(|&j| (step[j].channel(), step[j].direction()) == key)
-                .take_while(|&j| bufferable(&step[j]))
-                .take(3),
-        );
-    }
+    // The transfers that move together: `i`, then the rest of its channel and direction (for
+    // receives, while each can share the read).
+    let send = matches!(step[i], Transfer::Send { .. });
+    let members: smallvec::SmallVec<[usize; 4]> = same_way(step, i)
+        .enumerate()
+        .take_while(|&(k, j)| send || k == 0 || bufferable(&step[j]))
+        .map(|(_, j)| j)
+        .take(4)
+        .collect();
     let mut moved = false;
     loop {
         let result = if matches!(step[i], Transfer::Send { .. }) {
@@ -489,15 +484,10 @@ fn advance_together(
             // one give nothing).
             let mut budget = limits::MAX_IO;
             let mut slices: smallvec::SmallVec<[io::IoSliceMut<'_>; 4]> = smallvec::SmallVec::new();
-            let mut rest: &mut [Transfer<'_>] = &mut step[i..];
-            let mut at = i;
-            for &j in &members {
-                let (_, from_j) = std::mem::take(&mut rest).split_at_mut(j - at);
-                let Some((t, after)) = from_j.split_first_mut() else {
-                    break;
-                };
-                rest = after;
-                at = j + 1;
+            for (j, t) in step.iter_mut().enumerate() {
+                if !members.contains(&j) {
+                    continue;
+                }
                 if let Transfer::Recv {
                     landing: Landing::Into(buf) | Landing::Checked { buf, .. },
                     ..
@@ -989,10 +979,7 @@ impl TcpFabric {
                             self.heard[c.peer] = Some(pass);
                             // This receive and those completed together with it, each judged
                             // once, in order.
-                            for j in i..step.len() {
-                                if (step[j].channel(), step[j].direction()) != key {
-                                    continue;
-                                }
+                            for j in same_way(step, i) {
                                 if progress[j].done < step[j].len() {
                                     break;
                                 }
@@ -1313,33 +1300,40 @@ mod tests {
         }
     }
 
+    /// `fabric` (rank 1 of a [`pair`]) sends `parts` to rank 0 in one step, on a thread of its
+    /// own, within 30 s.
+    fn send_in_one_step(mut fabric: TcpFabric, parts: Vec<Vec<u8>>) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut step: Vec<Transfer<'_>> = parts
+                .iter()
+                .map(|data| Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data,
+                })
+                .collect();
+            let deadline = fabric.now() + Duration::from_secs(30);
+            fabric.run(&mut step, deadline).expect("send");
+        })
+    }
+
+    /// The failure of a step whose header [`NotNine`] refused, checked to be that mismatch.
+    fn refused_as_nines(result: Result<(), FabricError>) -> FabricError {
+        let e = result.expect_err("a refused header");
+        assert!(
+            matches!(&e.kind, FailureKind::Mismatch(what) if what == "a header of 9s"),
+            "{e:?}"
+        );
+        e
+    }
+
     /// Rank 1 sends a vector, a header of `mark` and a second vector on one connection; rank 0
     /// receives them as the 4-rank relay's second step does (the vector, then the forwarded
     /// call's header, judged, and vector): the step's result and what landed.
     fn forwarded(mark: u8) -> (Result<(), FabricError>, [u8; 32], Vec<u8>) {
-        let (mut zero, mut one) = pair();
+        let (mut zero, one) = pair();
         let first: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
         let second: Vec<u8> = (0..4096u32).map(|i| (i % 241) as u8).collect();
-        let (a, b) = (first.clone(), second);
-        let sender = std::thread::spawn(move || {
-            let header = [mark; 32];
-            let mut step = [
-                Transfer::Send {
-                    channel: Channel::new(0, 0),
-                    data: &a,
-                },
-                Transfer::Send {
-                    channel: Channel::new(0, 0),
-                    data: &header,
-                },
-                Transfer::Send {
-                    channel: Channel::new(0, 0),
-                    data: &b,
-                },
-            ];
-            let deadline = one.now() + Duration::from_secs(30);
-            one.run(&mut step, deadline).expect("send");
-        });
+        let sender = send_in_one_step(one, vec![first.clone(), vec![mark; 32], second]);
         let (mut xs, mut h, mut ys) = (
             vec![0u8; 4096 + scratch::LINE],
             [0u8; 32],
@@ -1396,24 +1390,9 @@ mod tests {
     /// judged, then the payload handed to a sink): the step's result, the header, and the
     /// sink's bytes by offset (each piece whole elements).
     fn header_and_sink(mark: u8) -> (Result<(), FabricError>, [u8; 32], Vec<u8>) {
-        let (mut zero, mut one) = pair();
+        let (mut zero, one) = pair();
         let payload: Vec<u8> = (0..65536u32).map(|i| (i % 253) as u8).collect();
-        let sent = payload.clone();
-        let sender = std::thread::spawn(move || {
-            let header = [mark; 32];
-            let mut step = [
-                Transfer::Send {
-                    channel: Channel::new(0, 0),
-                    data: &header,
-                },
-                Transfer::Send {
-                    channel: Channel::new(0, 0),
-                    data: &sent,
-                },
-            ];
-            let deadline = one.now() + Duration::from_secs(30);
-            one.run(&mut step, deadline).expect("send");
-        });
+        let sender = send_in_one_step(one, vec![vec![mark; 32], payload.clone()]);
         let mut h = [0u8; 32];
         let mut got = vec![0u8; payload.len()];
         let mut sink = |offset: usize, bytes: &[u8]| {
@@ -1456,12 +1435,8 @@ mod tests {
     #[test]
     fn a_refused_header_before_a_sink_fails_the_step_as_a_mismatch() {
         let (result, header, _) = header_and_sink(9);
-        let e = result.expect_err("a refused header");
         assert_eq!(header, [9u8; 32]);
-        assert!(
-            matches!(&e.kind, FailureKind::Mismatch(what) if what == "a header of 9s"),
-            "{e:?}"
-        );
+        refused_as_nines(result);
     }
 
     #[test]
@@ -1476,12 +1451,8 @@ mod tests {
     #[test]
     fn a_refused_header_between_two_vectors_of_a_shared_read_fails_the_step_as_a_mismatch() {
         let (result, header, _) = forwarded(9);
-        let e = result.expect_err("a refused header");
         assert_eq!(header, [9u8; 32]);
-        assert!(
-            matches!(&e.kind, FailureKind::Mismatch(what) if what == "a header of 9s"),
-            "{e:?}"
-        );
+        let e = refused_as_nines(result);
         assert_eq!(
             (e.channel, e.direction),
             (Channel::new(1, 0), Direction::Recv)
@@ -1490,24 +1461,9 @@ mod tests {
 
     #[test]
     fn a_header_and_its_payload_arrive_whole_and_in_order_over_tcp() {
-        let (mut zero, mut one) = pair();
-        let header = [7u8; 32];
+        let (mut zero, one) = pair();
         let payload: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
-        let sent = payload.clone();
-        let sender = std::thread::spawn(move || {
-            let mut step = [
-                Transfer::Send {
-                    channel: Channel::new(0, 0),
-                    data: &header,
-                },
-                Transfer::Send {
-                    channel: Channel::new(0, 0),
-                    data: &sent,
-                },
-            ];
-            let deadline = one.now() + Duration::from_secs(30);
-            one.run(&mut step, deadline).expect("send");
-        });
+        let sender = send_in_one_step(one, vec![vec![7u8; 32], payload.clone()]);
         let (mut h, mut p) = ([0u8; 32], vec![0u8; 4096]);
         let mut step = [
             Transfer::Recv {
