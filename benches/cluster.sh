@@ -29,6 +29,8 @@
 #   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce/)
 # busbw = bytes * 2 (n - 1) / n / p50, shown in Gbit/s and as a percentage of the link's
 # measured TCP goodput, then each column's CPU µs per operation and rank (of its best run).
+# A last table gives the array call's own copy of the input (benches/upstream's COPY lines,
+# every rank at once) and the most of the link an array all_sum can reach after it.
 # The programs' lines are read by field name; a line in another format stops the script. Output of every job in target/cluster-bench/; the table also goes to
 # target/cluster-bench/table.md and a plot to target/cluster-bench/busbw.svg.
 set -euo pipefail
@@ -138,7 +140,7 @@ launch() {
   if ! timeout 900 "$ON" 0 "${cmd[@]}" -- "$@" >"$log" 2>&1 </dev/null; then
     echo "   failed (see $log)" >&2
   fi
-  grep -E "ROW|^\[rank 0\] +[0-9]" "$log" >&2 || true
+  grep -E "ROW|COPY|^\[rank 0\] +[0-9]" "$log" >&2 || true
 }
 
 # wanted COLUMN: whether COLUMN is one of IMPLS (default: every column).
@@ -169,6 +171,7 @@ def parse_bytes(s):
     return int(s[:-1] if shift else s) << shift
 
 best = {}  # (column, ranks, bytes) -> (p50 µs, check, cpu µs per rank)
+copies = {}  # (column, ranks, bytes) -> the least p50 µs of the array call's copy (COPY lines)
 
 def keep(col, n, b, p50, check, cpu):
     key = (col, n, b)
@@ -184,8 +187,17 @@ def number(s):
 def fail(path, lineno, line, why):
     sys.exit(f"cluster.sh: {path}:{lineno}: {why}: {line.strip()!r}")
 
-# The ROW lines of benches/mlx_allsum.py and benches/upstream, by name (their documented order).
+# The ROW lines of benches/mlx_allsum.py and benches/upstream, by name (their documented order),
+# and benches/upstream's COPY lines.
 ROW = ["ROW", "impl", "ranks", "bytes", "p50", "p99", "check", "cpu"]
+COPY = ["COPY", "impl", "ranks", "bytes", "p50"]
+
+def column(name, impl):
+    if name == "arraysmlx":
+        return "arrays, MLX's wire"
+    if name == "arrayspark":
+        return "arrays, parked"
+    return {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[impl]
 # The words of benches/allreduce's table header that are units, not column names.
 UNITS = {"µs", "µs/rank", "GB/s"}
 
@@ -202,13 +214,14 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
             if len(f) != len(ROW):
                 fail(path, lineno, line, f"a ROW line of {len(f)} fields, not {len(ROW)} ({' '.join(ROW)})")
             row = dict(zip(ROW, f))
-            col = {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[row["impl"]]
-            if name == "arraysmlx":
-                col = "arrays, MLX's wire"
-            elif name == "arrayspark":
-                col = "arrays, parked"
-
+            col = column(name, row["impl"])
             keep(col, n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
+        elif f[:1] == ["COPY"]:
+            if len(f) != len(COPY):
+                fail(path, lineno, line, f"a COPY line of {len(f)} fields, not {len(COPY)} ({' '.join(COPY)})")
+            row = dict(zip(COPY, f))
+            key = (column(name, row["impl"]), n, int(row["bytes"]))
+            copies[key] = min(copies.get(key, math.inf), float(row["p50"]))
         elif name == "raw":
             if "elements" in line and "p50" in line:
                 # The header names the columns: rows are read by name.
@@ -278,6 +291,30 @@ for n in map(int, ranks):
         native, mlxwire = best.get(("arrays", n, b)), best.get(("arrays, MLX's wire", n, b))
         ratio = f"{native[0] / mlxwire[0]:.2f}" if native and mlxwire else "-"
         lines.append(f"| {n} | {label(b)} | " + " | ".join(cells) + f" | {ratio} |")
+# The array call's copy and the bound it sets: an array all_sum cannot start its bytes before
+# nuvec-core has copied the input, so at most link time / (link time + copy) of the link.
+copy_cols = [c for c in cols if any(k[0] == c for k in copies)]
+if copy_cols:
+    lines += [
+        "",
+        "The array call's copy (the input into a fresh allocation, every rank at once; p50 µs, least",
+        "of the runs) and the most of the link an array all_sum can reach after it, link time ÷",
+        "(link time + copy), the link time being bytes × 2(n − 1)/n at the link above:",
+        "",
+        "| hosts | size | " + " | ".join(f"copy, {c}" for c in copy_cols) + " | link time | at most |",
+        "|---|---|" + "---|" * (len(copy_cols) + 2),
+    ]
+    for n in map(int, ranks):
+        for s in sizes.split(","):
+            b = parse_bytes(s) // 4 * 4
+            got = [copies.get((c, n, b)) for c in copy_cols]
+            have = [v for v in got if v is not None]
+            if not have:
+                continue
+            wire = b * 8 * 2 * (n - 1) / n / link * 1e6
+            cells = ["-" if v is None else f"{v:.1f}" for v in got]
+            bound = wire / (wire + min(have))
+            lines.append(f"| {n} | {label(b)} | " + " | ".join(cells) + f" | {wire:.1f} | {100 * bound:.0f} % |")
 text = "\n".join(lines)
 print()
 print(text)

@@ -15,6 +15,11 @@
 //! time one operation took on a rank, all its threads, those the operation started and ended
 //! included (`CLOCK_PROCESS_CPUTIME_ID`, `benches/common/cpu_time.rs`, as `benches/allreduce/` reads it: 0.5.0 starts a
 //! sender thread per step), the mean over ranks and iterations; `nan` where it cannot be read.
+//! Then one line `COPY <impl> <ranks> <bytes> <p50 µs>`: the p50 over iterations (the mean over
+//! ranks, every rank at once after a barrier, as in the timed all_sums) of copying the input
+//! into a fresh allocation, which is what nuvec-core does before any backend runs (it makes
+//! the output array of the input's bytes). No array all_sum can take less, whatever the
+//! backend: `benches/cluster.sh` shows the bound it sets against the link.
 //!
 //! `--impl local` (with the cargo feature `local`) joins with this checkout's crate instead,
 //! through the same array API: the like-for-like comparison with 0.5.0.
@@ -113,23 +118,47 @@ fn main() -> Result<()> {
             });
         let wrong =
             distributed::all_sum(&Array::from(u32::from(got != want)), None).to_vec::<u32>()?;
-        let mean = distributed::all_sum(&Array::from(times), None).to_vec::<f64>()?;
-        let mut t: Vec<f64> = mean.iter().map(|t| t / ranks as f64).collect();
-        t.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            t[((q * t.len() as f64).ceil() as usize)
-                .saturating_sub(1)
-                .min(t.len() - 1)]
-        };
+        let t = over_ranks(times, ranks)?;
+        // The array call's own copy: the input's bytes into a fresh allocation, every rank at
+        // once, as the timed iterations start.
+        let input = values(elements, rank, ranks);
+        let mut copies = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            barrier()?;
+            let start = Instant::now();
+            let copy = std::hint::black_box(input.clone());
+            copies.push(start.elapsed().as_secs_f64());
+            drop(copy);
+        }
+        let copies = over_ranks(copies, ranks)?;
         if rank == 0 {
             println!(
                 "ROW {which} {ranks} {bytes} {:.1} {:.1} {} {:.1}",
-                at(0.5) * 1e6,
-                at(0.99) * 1e6,
+                quantile(&t, 0.5) * 1e6,
+                quantile(&t, 0.99) * 1e6,
                 if wrong[0] == 0 { "ok" } else { "FAIL" },
                 cpu[0] / ranks as f64 * 1e6
+            );
+            println!(
+                "COPY {which} {ranks} {bytes} {:.1}",
+                quantile(&copies, 0.5) * 1e6
             );
         }
     }
     Ok(())
+}
+
+/// Each iteration's time, the mean over the ranks (every rank passes its own), sorted.
+fn over_ranks(times: Vec<f64>, ranks: usize) -> Result<Vec<f64>> {
+    let sum = distributed::all_sum(&Array::from(times), None).to_vec::<f64>()?;
+    let mut t: Vec<f64> = sum.iter().map(|t| t / ranks as f64).collect();
+    t.sort_by(f64::total_cmp);
+    Ok(t)
+}
+
+/// The `q` quantile of the sorted, non-empty `t`.
+fn quantile(t: &[f64], q: f64) -> f64 {
+    t[((q * t.len() as f64).ceil() as usize)
+        .saturating_sub(1)
+        .min(t.len() - 1)]
 }
