@@ -16,7 +16,7 @@ pub(crate) const USAGE: &str = "usage: allreduce [--backend ring|jaccl|jaccl-rin
 [--op all_sum|all_max|all_min|all_gather|sendrecv] [--dtype float32|...] \
 [--sizes 4K..64M|4K,1M,...] [--step F] [--iters K] [--warmup W] [--agg mean|max|rank0] \
 [--pingpong BYTES|0] [--no-wire] [--timeout SECS] [--spin US] [--tcp-only] \
-[--ring-wire auto|mlx|nuvec]";
+[--ring-wire auto|mlx|nuvec] [--sim-link LATENCY_US,GBIT_PER_S,WINDOW]";
 
 /// Whose algorithms are timed (`--backend`, by the names of MLX's launcher).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,6 +160,42 @@ pub(crate) struct Args {
     /// `--ring-wire`: which wire the ring may speak (`auto`, the default: the nuvec wire, every
     /// rank being this bench).
     pub(crate) ring_wire: WireChoice,
+    /// `--sim-link`: the simulated link, instead of the simulator's default (5 ± 5 µs, 10 GB/s,
+    /// 256 KiB windows).
+    pub(crate) sim_link: Option<SimLink>,
+}
+
+/// A simulated link of `--sim-link LATENCY_US,GBIT_PER_S,WINDOW` (`250,50,4M`): a one-way
+/// latency without jitter, the bandwidth of each direction, and the bytes in flight or unread
+/// it allows (the socket buffers), so that a schedule's time can be set against a link's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct SimLink {
+    /// One-way latency of every fragment.
+    pub(crate) latency: Duration,
+    /// Bytes per second of each direction.
+    pub(crate) bytes_per_sec: u64,
+    /// Bytes in flight or unread per direction.
+    pub(crate) window: usize,
+}
+
+impl SimLink {
+    /// Parses `LATENCY_US,GBIT_PER_S,WINDOW`.
+    pub(crate) fn parse(s: &str) -> Result<Self> {
+        let bad = || format!("--sim-link {s:?}: want LATENCY_US,GBIT_PER_S,WINDOW (250,50,4M)");
+        let [latency, gbit, window] = s.split(',').collect::<Vec<_>>()[..] else {
+            return Err(bad().into());
+        };
+        let latency: f64 = latency.trim().parse().map_err(|_| bad())?;
+        let gbit: f64 = gbit.trim().parse().map_err(|_| bad())?;
+        if !(latency >= 0.0 && gbit > 0.0) {
+            return Err(bad().into());
+        }
+        Ok(SimLink {
+            latency: Duration::from_secs_f64(latency / 1e6),
+            bytes_per_sec: (gbit * 1e9 / 8.0) as u64,
+            window: parse_bytes(window)?,
+        })
+    }
 }
 
 /// `4096`, `4K`, `1M`, `1G` (binary units).
@@ -217,6 +253,7 @@ impl Args {
             rdma: false,
             tcp_only: false,
             ring_wire: WireChoice::Auto,
+            sim_link: None,
         };
         let mut sizes: Option<String> = None;
         let mut step = 4usize;
@@ -272,6 +309,7 @@ impl Args {
                         }
                     }
                 }
+                "--sim-link" => a.sim_link = Some(SimLink::parse(&value("--sim-link")?)?),
                 "--timeout" => a.timeout = Duration::from_secs_f64(value("--timeout")?.parse()?),
                 "--spin" => a.spin = Some(Duration::from_micros(value("--spin")?.parse()?)),
                 "-h" | "--help" => return Err(USAGE.into()),
@@ -304,6 +342,9 @@ impl Args {
         }
         if a.rdma && a.backend == Backend::Ring {
             return Err("--fabric rdma is JACCL's: with --backend jaccl or jaccl-ring".into());
+        }
+        if a.sim_link.is_some() && !a.sim {
+            return Err("--sim-link is the simulator's: with --fabric sim".into());
         }
         let default = if a.sim { "4K..4M" } else { "4K..64M" };
         a.sizes = parse_sizes(sizes.as_deref().unwrap_or(default), step)?;

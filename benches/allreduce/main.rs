@@ -9,7 +9,7 @@
 //!     [--dtype float32|float16|bfloat16|float64|int32|uint8|...]
 //!     [--sizes 4K..64M | --sizes 4K,1M,16M] [--step 4] [--iters K] [--warmup W]
 //!     [--agg mean|max|rank0] [--pingpong 4K|0] [--no-wire] [--timeout SECS] [--spin US]
-//!     [--tcp-only]
+//!     [--tcp-only] [--sim-link LATENCY_US,GBIT_PER_S,WINDOW]
 //! ```
 //!
 //! `--tcp-only` keeps the ring's links on loopback TCP between ranks on one machine, where by
@@ -46,7 +46,8 @@
 //! the side channel's interface). `--fabric sim` runs every rank in this process over
 //! `nuvec-fabric-sim` instead (the ring over its stream channels, JACCL over its UC message
 //! channels), in virtual time (a sanity check of the schedule, not a measurement of this
-//! machine).
+//! machine); `--sim-link 250,50,4M` sets its links (one-way latency in µs, Gbit/s each way,
+//! window), to set a schedule's time against a link's that this machine does not have.
 //!
 //! Rank 0 prints one row per size: bytes, elements, dtype, the p50 and p99 time of one
 //! operation (µs), algbw = bytes / p50 and busbw = algbw × 2(n−1)/n for an all-reduce,

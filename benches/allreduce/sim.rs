@@ -1,7 +1,7 @@
 //! `--fabric sim`: every rank a thread of this process over `nuvec-fabric-sim`, timed in
 //! virtual time (a sanity check of the schedule, not a measurement of this machine).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nuvec_distributed::RingCommunicator;
 use nuvec_distributed::jaccl::{FrameRule, JacclCommunicator};
@@ -20,19 +20,25 @@ pub(crate) fn run_sim(args: &Args) -> Result<()> {
     args.ranks = n;
     args.agg = Agg::Rank0;
     let (sim, fabric) = match args.backend {
-        Backend::Ring => (
-            Sim::ring(n, args.conns),
-            "sim (virtual time: 5 ± 5 µs latency, 10 GB/s per link)",
-        ),
-        Backend::JacclMesh => (
-            Sim::mesh(n),
-            "sim (UC message channels, virtual time: 5 ± 5 µs latency, 10 GB/s per link)",
-        ),
-        Backend::JacclRing => (
-            Sim::jaccl_ring(n, args.conns),
-            "sim (UC message channels, virtual time: 5 ± 5 µs latency, 10 GB/s per link)",
+        Backend::Ring => (Sim::ring(n, args.conns), "sim"),
+        Backend::JacclMesh => (Sim::mesh(n), "sim (UC message channels)"),
+        Backend::JacclRing => (Sim::jaccl_ring(n, args.conns), "sim (UC message channels)"),
+    };
+    let (sim, link) = match args.sim_link {
+        None => (sim, "5 ± 5 µs latency, 10 GB/s per link".to_string()),
+        Some(link) => (
+            sim.latency(link.latency, Duration::ZERO)
+                .bandwidth(link.bytes_per_sec)
+                .window(link.window),
+            format!(
+                "{:?} latency, {:.1} Gbit/s per link and direction, {} KiB windows",
+                link.latency,
+                link.bytes_per_sec as f64 * 8.0 / 1e9,
+                link.window >> 10
+            ),
         ),
     };
+    let fabric = format!("{fabric}, virtual time: {link}");
     let started = Instant::now();
     let report = sim.run(|fabric| sim_rank(&args, fabric));
     let wall = started.elapsed();
@@ -45,7 +51,7 @@ pub(crate) fn run_sim(args: &Args) -> Result<()> {
             None => return Err(format!("simulated rank {r} panicked or crashed").into()),
         }
     }
-    print_header(&args, n, fabric);
+    print_header(&args, n, &fabric);
     print_rows(&args, n, &rows, &[]);
     println!(
         "# simulated end time {:?}, seed {}",
