@@ -161,6 +161,11 @@ impl Fabric for SimFabric {
         self.links.get(peer).copied().unwrap_or(0)
     }
 
+    /// Over stream channels: a forward is queued as its receive lands.
+    fn forwards(&self) -> bool {
+        self.kind == ChannelKind::Stream
+    }
+
     fn begin_operation(&mut self) {
         let rank = self.job_rank();
         let mut world = self.shared.lock();
@@ -202,17 +207,11 @@ impl Fabric for SimFabric {
         for t in step.iter_mut() {
             let channel = t.channel();
             let link = view.job_link(channel).unwrap_or(channel.link);
-            let job = Channel::new(view.members[channel.peer], link);
-            match t {
-                Transfer::Send { channel, .. } | Transfer::Recv { channel, .. } => *channel = job,
-            }
+            *t.channel_mut() = Channel::new(view.members[channel.peer], link);
         }
         let result = self.shared.step(job_rank, &parker, step, deadline);
         for t in step.iter_mut() {
-            let back = view.group_channel(t.channel());
-            match t {
-                Transfer::Send { channel, .. } | Transfer::Recv { channel, .. } => *channel = back,
-            }
+            *t.channel_mut() = view.group_channel(t.channel());
         }
         result.map_err(|mut e| {
             e.channel = view.group_channel(e.channel);
@@ -285,7 +284,9 @@ impl Shared {
                     kind: FailureKind::Invalid(format!("rank {rank} has no channel {channel}")),
                 });
             }
-            t.check_landing().map_err(|what| t.invalid(what))?;
+        }
+        for (i, t) in step.iter().enumerate() {
+            Transfer::check_in(step, i, world.uc.is_none()).map_err(|what| t.invalid(what))?;
         }
         if world.uc.is_some() {
             self.run_messages(world, rank, parker, step, deadline, started)

@@ -37,26 +37,14 @@ impl Shared {
         started: Duration,
     ) -> Result<(), FabricError> {
         let mut progress: Vec<Progress> = (0..step.len())
-            .map(|_| Progress { done: 0, mark: 0 })
+            .map(|_| Progress {
+                done: 0,
+                queued: 0,
+                whole: false,
+                base: 0,
+            })
             .collect();
-        // Queue the sends: the simulator copies them into the channel's outbox.
-        for (t, p) in step.iter().zip(progress.iter_mut()) {
-            if let Transfer::Send { channel, data } = t {
-                let chan = world.channel_mut(rank, *channel);
-                chan.outbox.extend(data.iter().copied());
-                chan.queued += data.len() as u64;
-                p.mark = chan.queued;
-                let h = fnv(data);
-                world.hash(&[
-                    1,
-                    rank as u64,
-                    channel.peer as u64,
-                    channel.link as u64,
-                    data.len() as u64,
-                    h,
-                ]);
-            }
-        }
+        queue_sends(&mut world, rank, step, &mut progress);
         world.pump_all();
         loop {
             if world.ranks[rank].state == RankState::Crashed {
@@ -65,19 +53,22 @@ impl Shared {
             // Take what has arrived for the receives, in order per channel.
             let mut blocked_recv: Vec<Channel> = Vec::new();
             let mut all_done = true;
+            let mut landed = false;
             for (t, p) in step.iter_mut().zip(progress.iter_mut()) {
+                let len = t.len();
                 match t {
-                    Transfer::Send { channel, data } => {
+                    Transfer::Send { channel, .. } | Transfer::Forward { channel, .. } => {
                         let chan = world.channel(rank, *channel);
-                        if chan.sent < p.mark {
+                        if p.whole {
+                            p.done = (chan.sent.saturating_sub(p.base) as usize).min(len);
+                        }
+                        if p.done < len {
                             all_done = false;
                             if chan.closed {
-                                let done = data.len() - (p.mark - chan.sent) as usize;
+                                let done = p.done;
                                 return Err(fail(t, done, FailureKind::Closed));
                             }
                         }
-                        p.done = data.len()
-                            - (p.mark.saturating_sub(chan.sent) as usize).min(data.len());
                     }
                     Transfer::Recv { channel, landing } => {
                         if blocked_recv.contains(channel) {
@@ -95,6 +86,7 @@ impl Shared {
                         };
                         if take > 0 {
                             landing.deliver(p.done, &incoming.arrived.make_contiguous()[..take]);
+                            landed = true;
                             incoming.arrived.drain(..take);
                             p.done += take;
                             world.heard[rank][channel.peer] = Some(world.now);
@@ -130,6 +122,11 @@ impl Shared {
                     }
                 }
             }
+            // A forward may send what its receive landed in this pass.
+            if landed && queue_sends(&mut world, rank, step, &mut progress) {
+                world.pump_all();
+                continue;
+            }
             if all_done {
                 let now = world.now.as_nanos() as u64;
                 world.hash(&[3, rank as u64, now]);
@@ -152,10 +149,74 @@ impl Shared {
 
 /// How far one transfer of a stream step has come.
 struct Progress {
-    /// Bytes delivered (receives) or on the wire (sends).
+    /// Bytes delivered (receives) or on the wire (sends and forwards).
     done: usize,
-    /// For sends: the channel's `queued` count once this send's last byte is queued.
-    mark: u64,
+    /// For sends and forwards: bytes queued into the channel's outbox.
+    queued: usize,
+    /// For sends and forwards: whether every byte is queued.
+    whole: bool,
+    /// For sends and forwards: the channel's `queued` count before this one's first byte.
+    base: u64,
+}
+
+/// Queues into their channels' outboxes what the sends of `step` may send now: a send
+/// all at once, a forward what its receive has landed; each only once every earlier send
+/// of its channel is queued whole, so that the bytes keep the step's order. Returns
+/// whether any was queued (the caller pumps the wires).
+fn queue_sends(
+    world: &mut World,
+    rank: usize,
+    step: &[Transfer<'_>],
+    progress: &mut [Progress],
+) -> bool {
+    let mut any = false;
+    for i in 0..step.len() {
+        let (channel, len) = (step[i].channel(), step[i].len());
+        if step[i].direction() != Direction::Send || progress[i].whole {
+            continue;
+        }
+        let earlier_whole = (0..i).all(|j| {
+            step[j].channel() != channel
+                || step[j].direction() != Direction::Send
+                || progress[j].whole
+        });
+        if !earlier_whole {
+            continue;
+        }
+        let (send, bytes): (bool, &[u8]) = match &step[i] {
+            Transfer::Send { data, .. } => (true, data),
+            Transfer::Forward { of, .. } => match &step[*of] {
+                Transfer::Recv { landing, .. } => {
+                    (false, landing.landed(progress[*of].done).unwrap_or(&[]))
+                }
+                _ => (false, &[]),
+            },
+            Transfer::Recv { .. } => continue,
+        };
+        let bytes = &bytes[progress[i].queued.min(bytes.len())..];
+        if !send && bytes.is_empty() && len > 0 {
+            continue;
+        }
+        let chan = world.channel_mut(rank, channel);
+        let p = &mut progress[i];
+        if p.queued == 0 {
+            p.base = chan.queued;
+        }
+        chan.outbox.extend(bytes.iter().copied());
+        chan.queued += bytes.len() as u64;
+        p.queued += bytes.len();
+        p.whole = p.queued == len;
+        any = true;
+        world.hash(&[
+            if send { 1 } else { 5 },
+            rank as u64,
+            channel.peer as u64,
+            channel.link as u64,
+            bytes.len() as u64,
+            fnv(bytes),
+        ]);
+    }
+    any
 }
 
 impl World {

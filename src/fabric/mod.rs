@@ -28,6 +28,13 @@
 //! algorithm while the rest is still in flight ([`Landing::Sink`]): that is how the ring
 //! reduces each piece as it arrives, the way MLX's ring pipelines its packets.
 //!
+//! A receive into a buffer ([`Landing::Into`]) or reduced into one ([`Landing::Fold`]) can be
+//! sent on by a [`Transfer::Forward`] of the same step while it is still arriving, on a fabric
+//! that [forwards](Fabric::forwards): then a ring needs no step boundary between receiving a
+//! segment and sending it on, and does not wait a link's latency for each segment's last byte
+//! (the TCP fabric over TCP links and the simulator's streams forward; local links and RDMA
+//! do not, and their algorithms keep a step per segment).
+//!
 //! There are two kinds of channel ([`ChannelKind`]):
 //!
 //! - **Stream.** A receive of `n` bytes completes with exactly `n` bytes, however the sender
@@ -107,6 +114,18 @@ pub enum Landing<'a> {
         /// Called on the caller's thread with each piece.
         sink: &'a mut dyn FnMut(usize, &[u8]),
     },
+    /// Reduced into this buffer as the bytes arrive: the fabric hands `fold(mine, theirs)`
+    /// each arriving piece `theirs` (whole `grain`s, as [`Landing::Sink`]) and the bytes of
+    /// `buf` it lands on. Unlike a sink's, the buffer is the fabric's to see, so that a
+    /// [`Transfer::Forward`] of the same step can send each piece once it is reduced.
+    Fold {
+        /// My bytes, which the arriving ones are reduced into; sets the length of the receive.
+        buf: &'a mut [u8],
+        /// The granule of every piece (at least 1); `buf.len()` must be a multiple of it.
+        grain: usize,
+        /// Reduces `theirs` into `mine` (of equal length).
+        fold: &'a mut dyn FnMut(&mut [u8], &[u8]),
+    },
     /// Into this buffer, as [`Landing::Into`], then judged by `check` the moment the last
     /// byte lands: a refusal fails the step at once with [`FailureKind::Mismatch`] and its
     /// text, whatever else the step waits for. The nuvec wire's headers land this way, so that
@@ -137,7 +156,9 @@ impl Landing<'_> {
     /// The number of bytes this receive takes.
     pub fn len(&self) -> usize {
         match self {
-            Landing::Into(buf) | Landing::Checked { buf, .. } => buf.len(),
+            Landing::Into(buf) | Landing::Checked { buf, .. } | Landing::Fold { buf, .. } => {
+                buf.len()
+            }
             Landing::Sink { len, .. } => *len,
         }
     }
@@ -151,7 +172,7 @@ impl Landing<'_> {
     pub fn grain(&self) -> usize {
         match self {
             Landing::Into(_) | Landing::Checked { .. } => 1,
-            Landing::Sink { grain, .. } => (*grain).max(1),
+            Landing::Sink { grain, .. } | Landing::Fold { grain, .. } => (*grain).max(1),
         }
     }
 
@@ -162,6 +183,17 @@ impl Landing<'_> {
                 buf[offset..offset + bytes.len()].copy_from_slice(bytes)
             }
             Landing::Sink { sink, .. } => sink(offset, bytes),
+            Landing::Fold { buf, fold, .. } => fold(&mut buf[offset..offset + bytes.len()], bytes),
+        }
+    }
+
+    /// The bytes this receive has landed so far, given how many: what a
+    /// [`Transfer::Forward`] of it may send. `None` for a landing whose bytes the fabric does
+    /// not see ([`Landing::Sink`]) or that is judged ([`Landing::Checked`]).
+    pub fn landed(&self, done: usize) -> Option<&[u8]> {
+        match self {
+            Landing::Into(buf) | Landing::Fold { buf, .. } => Some(&buf[..done.min(buf.len())]),
+            Landing::Sink { .. } | Landing::Checked { .. } => None,
         }
     }
 
@@ -180,6 +212,9 @@ impl fmt::Debug for Landing<'_> {
             Landing::Into(buf) => write!(f, "Into({} bytes)", buf.len()),
             Landing::Sink { len, grain, .. } => write!(f, "Sink({len} bytes, grain {grain})"),
             Landing::Checked { buf, .. } => write!(f, "Checked({} bytes)", buf.len()),
+            Landing::Fold { buf, grain, .. } => {
+                write!(f, "Fold({} bytes, grain {grain})", buf.len())
+            }
         }
     }
 }
@@ -201,20 +236,46 @@ pub enum Transfer<'a> {
         /// Where the bytes go.
         landing: Landing<'a>,
     },
+    /// Send on the channel the bytes of receive `of` (an earlier transfer of the same step,
+    /// into [`Landing::Into`] or [`Landing::Fold`], of `len` bytes) as they land, each once
+    /// the receive has it (reduced, for a fold): how a ring forwards a segment while the rest
+    /// of it is still arriving, where a step per segment would first wait for all of it. Only
+    /// over a fabric whose [`Fabric::forwards`] says so; the bytes on the wire are those of a
+    /// [`Transfer::Send`] of the whole buffer once the receive is done.
+    Forward {
+        /// Where to.
+        channel: Channel,
+        /// The index in the step of the receive whose bytes are sent.
+        of: usize,
+        /// The length of that receive.
+        len: usize,
+    },
 }
 
 impl Transfer<'_> {
     /// The channel of this transfer.
     pub fn channel(&self) -> Channel {
         match self {
-            Transfer::Send { channel, .. } | Transfer::Recv { channel, .. } => *channel,
+            Transfer::Send { channel, .. }
+            | Transfer::Recv { channel, .. }
+            | Transfer::Forward { channel, .. } => *channel,
+        }
+    }
+
+    /// The channel of this transfer, to readdress it (a sub-group's step on the job's
+    /// channels).
+    pub fn channel_mut(&mut self) -> &mut Channel {
+        match self {
+            Transfer::Send { channel, .. }
+            | Transfer::Recv { channel, .. }
+            | Transfer::Forward { channel, .. } => channel,
         }
     }
 
     /// Whether this transfer sends or receives.
     pub fn direction(&self) -> Direction {
         match self {
-            Transfer::Send { .. } => Direction::Send,
+            Transfer::Send { .. } | Transfer::Forward { .. } => Direction::Send,
             Transfer::Recv { .. } => Direction::Recv,
         }
     }
@@ -224,6 +285,7 @@ impl Transfer<'_> {
         match self {
             Transfer::Send { data, .. } => data.len(),
             Transfer::Recv { landing, .. } => landing.len(),
+            Transfer::Forward { len, .. } => *len,
         }
     }
 
@@ -233,14 +295,15 @@ impl Transfer<'_> {
     }
 
     /// Checks what every fabric requires of a transfer on its own, whatever its channel: a
-    /// receive into a [`Landing::Sink`] must be a whole number of grains (else its last piece
-    /// could never be delivered). Every fabric calls this on each transfer of a step before a
-    /// byte moves, and fails the step with [`FailureKind::Invalid`] and this text otherwise:
-    /// the caller's mistake, not the peer's.
+    /// receive into a [`Landing::Sink`] or a [`Landing::Fold`] must be a whole number of
+    /// grains (else its last piece could never be delivered). Every fabric calls this, through
+    /// [`check_in`](Self::check_in), on each transfer of a step before a byte moves, and fails
+    /// the step with [`FailureKind::Invalid`] and this text otherwise: the caller's mistake,
+    /// not the peer's.
     pub fn check_landing(&self) -> Result<(), String> {
         if let Transfer::Recv {
             channel,
-            landing: landing @ Landing::Sink { .. },
+            landing: landing @ (Landing::Sink { .. } | Landing::Fold { .. }),
         } = self
         {
             let (len, grain) = (landing.len(), landing.grain());
@@ -252,6 +315,34 @@ impl Transfer<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Checks what every fabric requires of transfer `i` of `step` in its step, as
+    /// [`check_landing`](Self::check_landing) does of it alone: a [`Transfer::Forward`] needs
+    /// a fabric that [`forwards`](Fabric::forwards), and names an earlier receive into
+    /// [`Landing::Into`] or [`Landing::Fold`] of its length. Fabrics fail the step with
+    /// [`FailureKind::Invalid`] and this text otherwise, before a byte moves.
+    pub fn check_in(step: &[Transfer<'_>], i: usize, forwards: bool) -> Result<(), String> {
+        step[i].check_landing()?;
+        let Transfer::Forward { channel, of, len } = step[i] else {
+            return Ok(());
+        };
+        if !forwards {
+            return Err(format!(
+                "a forward on {channel}: this fabric does not forward received bytes"
+            ));
+        }
+        match step.get(of) {
+            Some(Transfer::Recv { landing, .. })
+                if of < i && landing.landed(0).is_some() && landing.len() == len =>
+            {
+                Ok(())
+            }
+            _ => Err(format!(
+                "a forward on {channel} of transfer {of} ({len} bytes): it must be an earlier \
+                 receive of the step, into a buffer or a fold, of that length"
+            )),
+        }
     }
 
     /// Once a receive is complete: its landing's [`verdict`](Landing::verdict), as the
@@ -446,6 +537,12 @@ pub trait Fabric {
     /// channels is unspecified: the caller must treat the group as failed.
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError>;
 
+    /// Whether this fabric runs [`Transfer::Forward`]s. The default does not: an algorithm
+    /// then waits for a whole segment before it sends it on, in a step of its own.
+    fn forwards(&self) -> bool {
+        false
+    }
+
     /// Checks, without sending anything, whether the connections to each peer are still
     /// open: one `(peer, what)` per peer found unreachable. The default knows nothing and
     /// reports no problem.
@@ -510,6 +607,9 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         (**self).run(step, deadline)
     }
+    fn forwards(&self) -> bool {
+        (**self).forwards()
+    }
     fn probe(&mut self) -> Vec<(usize, String)> {
         (**self).probe()
     }
@@ -548,6 +648,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         (**self).run(step, deadline)
+    }
+    fn forwards(&self) -> bool {
+        (**self).forwards()
     }
     fn probe(&mut self) -> Vec<(usize, String)> {
         (**self).probe()

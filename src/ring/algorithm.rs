@@ -102,6 +102,11 @@ pub fn all_reduce<F: Fabric + ?Sized>(
 ) -> Result<(), FabricError> {
     let s = reducer.element_size();
     let plan = all_reduce_plan(data.len() / s, s, ring.size(), ring.conns());
+    let sub_reduces = if fabric.forwards() {
+        forwarded_reduces
+    } else {
+        sub_reduces
+    };
     match plan.padded {
         None => sub_reduces(fabric, ring, reducer, data, &plan.parts, headers, deadline),
         Some(padded) => {
@@ -217,6 +222,90 @@ fn sub_reduces<F: Fabric + ?Sized>(
                 fabric.run(&mut step, deadline)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// [`sub_reduces`] over a fabric that [forwards](Fabric::forwards), in two steps: the
+/// reduce-scatter, then the all-gather. In each, every part sends its first segment and
+/// receives the R − 1 after it, forwarding each (but the all-gather's last) as it lands,
+/// reduced in the reduce-scatter, as the send of MLX's next step. The bytes on every channel
+/// are those of [`sub_reduces`], in the same order; only no segment waits for the whole of
+/// the one before it, so a step's one-way latency is paid once per phase, not once per step
+/// (README, "Keeping the link busy across steps"). The phases stay apart because the
+/// all-gather overwrites the segments the reduce-scatter reduced into.
+fn forwarded_reduces<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    reducer: Reducer,
+    data: &mut [u8],
+    parts: &[Part],
+    mut headers: Option<&mut Headers>,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let (rank, ranks) = (ring.rank(), ring.size());
+    let s = reducer.element_size();
+    let half = all_reduce_steps(ranks) / 2;
+    for (first, phase) in [(0, Phase::Reduce), (half, Phase::Copy)] {
+        // Per part: the segment of the phase's first send, then those of its receives.
+        let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
+        for part in parts {
+            let len = part.range.len();
+            let bytes = |seg: Range<usize>| {
+                (part.range.start + seg.start) * s..(part.range.start + seg.end) * s
+            };
+            let step = |t| all_reduce_step(rank, ranks, part.flow, t);
+            ranges.push(bytes(segment(len, ranks, step(first).send)));
+            for t in first..first + half {
+                ranges.push(bytes(segment(len, ranks, step(t).recv)));
+            }
+        }
+        let mut slices = carve(data, &ranges).into_iter();
+        let mut folds: SmallVec<[_; 8]> = (0..parts.len() * half)
+            .map(|_| move |mine: &mut [u8], theirs: &[u8]| reducer.apply(mine, theirs))
+            .collect();
+        let mut folds = folds.iter_mut();
+        let mut step: SmallVec<[Transfer<'_>; 16]> = SmallVec::new();
+        if let Some(h) = headers.take() {
+            h.push(&mut step);
+        }
+        for part in parts {
+            let (to, from) = channels(ring, part);
+            let Some(first) = slices.next() else {
+                break;
+            };
+            step.push(Transfer::Send {
+                channel: to,
+                data: first,
+            });
+            for k in 0..half {
+                let (Some(buf), Some(fold)) = (slices.next(), folds.next()) else {
+                    break;
+                };
+                let len = buf.len();
+                let landing = match phase {
+                    Phase::Reduce => Landing::Fold {
+                        buf,
+                        grain: s,
+                        fold,
+                    },
+                    Phase::Copy => Landing::Into(buf),
+                };
+                step.push(Transfer::Recv {
+                    channel: from,
+                    landing,
+                });
+                if k + 1 < half {
+                    let of = step.len() - 1;
+                    step.push(Transfer::Forward {
+                        channel: to,
+                        of,
+                        len,
+                    });
+                }
+            }
+        }
+        fabric.run(&mut step, deadline)?;
     }
     Ok(())
 }

@@ -113,12 +113,13 @@ fn after_a_wire_failure_every_call_fails_at_once_with_the_first_error() {
 #[test]
 fn after_a_failure_every_peer_is_summarised_with_the_operation_it_was_last_heard_in() {
     // Rank 2 crashes at its first step of the fourth operation (each all-reduce of 3 ranks is
-    // 4 fabric steps); the survivors fail in that operation, and the one that
+    // 2 fabric steps over the simulator, which forwards: a reduce-scatter and an all-gather);
+    // the survivors fail in that operation, and the one that
     // receives from rank 2 (data flows one way on a small all-reduce) says it was last heard
     // during operation #2.
     let report = Sim::ring(3, 1)
         .seed(9)
-        .fault(Fault::Crash { rank: 2, call: 12 })
+        .fault(Fault::Crash { rank: 2, call: 6 })
         .run(|fabric| {
             let comm = RingCommunicator::new(fabric, 1, TIMEOUT);
             assert!(comm.diagnosis().is_empty(), "no diagnosis while healthy");

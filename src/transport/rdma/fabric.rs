@@ -17,10 +17,11 @@ use crate::fabric::{
 };
 use crate::transport::wait::{Next, Waiter};
 
-/// Why `transfer` cannot run on a fabric whose channels are `exists`: a channel that does not
-/// exist, a message larger than a frame, or what every fabric refuses
-/// ([`Transfer::check_landing`]).
-pub(crate) fn check_transfer(transfer: &Transfer<'_>, exists: bool) -> Option<String> {
+/// Why transfer `i` of `step` cannot run on a fabric whose channels are `exists`: a channel
+/// that does not exist, a message larger than a frame, or what every fabric refuses
+/// ([`Transfer::check_in`]: this fabric does not forward).
+pub(crate) fn check_transfer(step: &[Transfer<'_>], i: usize, exists: bool) -> Option<String> {
+    let transfer = &step[i];
     let channel = transfer.channel();
     if !exists {
         return Some(format!("there is no RDMA queue pair for {channel}"));
@@ -36,7 +37,7 @@ pub(crate) fn check_transfer(transfer: &Transfer<'_>, exists: bool) -> Option<St
              (one frame)"
         ));
     }
-    transfer.check_landing().err()
+    Transfer::check_in(step, i, false).err()
 }
 
 /// How the fabric waits by default: every poll but the first after a yield.
@@ -286,7 +287,7 @@ impl RdmaFabric {
         let mut owner = Vec::with_capacity(n);
         for (t, transfer) in step.iter().enumerate() {
             let qp = self.qp_of(transfer.channel());
-            if let Some(what) = check_transfer(transfer, qp.is_some()) {
+            if let Some(what) = check_transfer(step, t, qp.is_some()) {
                 return Err(failure(step, t, &done, FailureKind::Invalid(what)));
             }
             owner.push(qp.unwrap_or(usize::MAX));
@@ -322,7 +323,8 @@ impl RdmaFabric {
                 while let Some((slot, t)) = qp.queue.next_send() {
                     let data: &[u8] = match &step[t] {
                         Transfer::Send { data, .. } => data,
-                        Transfer::Recv { .. } => &[],
+                        // Refused before the step started (`check_transfer`).
+                        Transfer::Recv { .. } | Transfer::Forward { .. } => &[],
                     };
                     qp.post_send(slot, data).map_err(|e| {
                         failure(
@@ -495,12 +497,12 @@ mod tests {
             channel: Channel::new(1, 0),
             data: &big,
         };
-        let e = check_transfer(&send, true).unwrap();
+        let e = check_transfer(std::slice::from_ref(&send), 0, true).unwrap();
         assert!(
             e.contains("524289 bytes") && e.contains("at most 524288"),
             "{e}"
         );
-        let e = check_transfer(&send, false).unwrap();
+        let e = check_transfer(std::slice::from_ref(&send), 0, false).unwrap();
         assert!(e.contains("no RDMA queue pair for rank 1 link 0"), "{e}");
 
         let fits = vec![0u8; MAX_FRAME];
@@ -508,7 +510,7 @@ mod tests {
             channel: Channel::new(1, 0),
             data: &fits,
         };
-        assert_eq!(check_transfer(&send, true), None);
+        assert_eq!(check_transfer(std::slice::from_ref(&send), 0, true), None);
 
         let mut sink = |_: usize, _: &[u8]| {};
         let recv = Transfer::Recv {
@@ -519,7 +521,22 @@ mod tests {
                 sink: &mut sink,
             },
         };
-        let e = check_transfer(&recv, true).unwrap();
+        let e = check_transfer(std::slice::from_ref(&recv), 0, true).unwrap();
         assert!(e.contains("whole number of grains"), "{e}");
+
+        let mut buf = [0u8; 8];
+        let relay = [
+            Transfer::Recv {
+                channel: Channel::new(2, 0),
+                landing: Landing::Into(&mut buf),
+            },
+            Transfer::Forward {
+                channel: Channel::new(1, 0),
+                of: 0,
+                len: 8,
+            },
+        ];
+        let e = check_transfer(&relay, 1, true).unwrap();
+        assert!(e.contains("does not forward"), "{e}");
     }
 }

@@ -109,10 +109,12 @@ pub(super) fn expected(case: &Case, inputs: &[Vec<Vec<u8>>]) -> Result<Expected,
 // Running a case
 // =============================================================================================
 
-/// A fabric that remembers the virtual time at which its last step returned.
+/// A fabric that remembers the virtual time at which its last step returned, and forwards
+/// (see [`Fabric::forwards`]) only when `forward` says so.
 pub(super) struct Clocked {
     pub(super) inner: SimFabric,
     pub(super) clock: Rc<Cell<Duration>>,
+    pub(super) forward: bool,
 }
 
 impl Fabric for Clocked {
@@ -130,6 +132,9 @@ impl Fabric for Clocked {
     }
     fn now(&self) -> Duration {
         self.inner.now()
+    }
+    fn forwards(&self) -> bool {
+        self.forward && self.inner.forwards()
     }
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         let result = self.inner.run(step, deadline);
@@ -158,6 +163,8 @@ pub(super) fn rank_program(fabric: SimFabric, case: &Case, inputs: &[Vec<Vec<u8>
         Clocked {
             inner: fabric,
             clock: Rc::clone(&clock),
+            // Both schedules of an all-reduce: by phases with forwards, or a step per segment.
+            forward: case.seed.is_multiple_of(2),
         },
         case.links,
         TIMEOUT,

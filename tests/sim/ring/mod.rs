@@ -17,7 +17,11 @@
 //!   ("rank N"), by its deadline (virtual time), and its next operation fails at once with
 //!   `Error::Failed` carrying the first error; the bytes that did go out are a prefix of MLX's;
 //! - **determinism**: the same case and seed give the same trace hash, end time, outcomes and
-//!   wire; another seed gives another trace hash.
+//!   wire; another seed gives another trace hash;
+//! - **both schedules**: cases of even seeds run the all-reduce as the simulator allows, a
+//!   step per phase whose forwards send each segment on as it lands (`Transfer::Forward`);
+//!   odd seeds as over a fabric that does not forward, a step per segment. Both must give the
+//!   same results and the same bytes on every wire.
 //!
 //! The simulator's fragment size (1 B..=64 KiB), window (64 B..=1 MiB), latency and jitter
 //! (0..=50 µs each) are drawn per case from its seed, so fragmentation and cross-channel
