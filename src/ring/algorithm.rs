@@ -246,6 +246,10 @@ fn forwarded_reduces<F: Fabric + ?Sized>(
     let (rank, ranks) = (ring.rank(), ring.size());
     let s = reducer.element_size();
     let half = all_reduce_steps(ranks) / 2;
+    if half == 0 {
+        // One rank: nothing to send, as a step per segment sends nothing.
+        return Ok(());
+    }
     for (first, phase) in [(0, Phase::Reduce), (half, Phase::Copy)] {
         // Per part: the segment of the phase's first send, then those of its receives.
         let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
@@ -329,6 +333,9 @@ pub fn all_gather<F: Fabric + ?Sized>(
     assert_eq!(output.len(), n * ranks, "all_gather: output size");
     output[rank * n..(rank + 1) * n].copy_from_slice(input);
     let parts = all_gather_plan(n, ring.conns());
+    if fabric.forwards() {
+        return forwarded_gather(fabric, ring, output, n, &parts, headers, deadline);
+    }
     for t in 0..ranks.saturating_sub(1) {
         let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
         for part in &parts {
@@ -358,6 +365,69 @@ pub fn all_gather<F: Fabric + ?Sized>(
         fabric.run(&mut step, deadline)?;
     }
     Ok(())
+}
+
+/// [`all_gather`]'s steps over a fabric that [forwards](Fabric::forwards), as one: every part
+/// sends this rank's block and receives the R − 1 others, forwarding each but the last as it
+/// lands, as the send of MLX's next step. The same bytes in the same order, with a link's
+/// latency paid once rather than once a step.
+fn forwarded_gather<F: Fabric + ?Sized>(
+    fabric: &mut F,
+    ring: &RingTopology,
+    output: &mut [u8],
+    n: usize,
+    parts: &[Part],
+    mut headers: Option<&mut Headers>,
+    deadline: Duration,
+) -> Result<(), FabricError> {
+    let (rank, ranks) = (ring.rank(), ring.size());
+    let steps = ranks.saturating_sub(1);
+    if steps == 0 {
+        return Ok(());
+    }
+    // Per part: this rank's block, then the blocks it receives, in order.
+    let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
+    for part in parts {
+        let block = |b: usize| b * n + part.range.start..b * n + part.range.end;
+        ranges.push(block(all_gather_step(rank, ranks, part.flow, 0).0));
+        for t in 0..steps {
+            ranges.push(block(all_gather_step(rank, ranks, part.flow, t).1));
+        }
+    }
+    let mut slices = carve(output, &ranges).into_iter();
+    let mut step: SmallVec<[Transfer<'_>; 16]> = SmallVec::new();
+    if let Some(h) = headers.take() {
+        h.push(&mut step);
+    }
+    for part in parts {
+        let (to, from) = channels(ring, part);
+        let Some(mine) = slices.next() else {
+            break;
+        };
+        step.push(Transfer::Send {
+            channel: to,
+            data: mine,
+        });
+        for t in 0..steps {
+            let Some(into) = slices.next() else {
+                break;
+            };
+            let len = into.len();
+            step.push(Transfer::Recv {
+                channel: from,
+                landing: Landing::Into(into),
+            });
+            if t + 1 < steps {
+                let of = step.len() - 1;
+                step.push(Transfer::Forward {
+                    channel: to,
+                    of,
+                    len,
+                });
+            }
+        }
+    }
+    fabric.run(&mut step, deadline)
 }
 
 /// Sends `data` to the neighbour `dst`, split over the connections as MLX's ring `send`
