@@ -7,7 +7,9 @@
 //! Uses: the [`World`] (wires, generator, trace, events) under the lock it is given, and the
 //! turn hand-off ([`Shared::yield_turn`]) while a step waits. Invariants: bytes of one
 //! direction arrive in order and never overtake (`last_arrival`); at most `window` bytes are
-//! in flight or unread per direction; a send completes when its last byte is on the wire; a
+//! in flight or unread per direction; a send completes when its last byte is on the wire, and
+//! a forward queues what its receive has landed, each only after every earlier send of its
+//! channel in the step is queued whole; a
 //! step that completes hashes the time it completed at, and passes the turn before it returns.
 
 use std::sync::MutexGuard;

@@ -8,6 +8,12 @@
 //! connection direction are exactly those MLX puts there, so Rust and MLX ranks can share a
 //! ring.
 //!
+//! Over a fabric that [forwards](Fabric::forwards), an all-reduce is two steps (its
+//! reduce-scatter and its all-gather) and an all-gather one, in which each received segment is
+//! sent on as it lands ([`Transfer::Forward`]) instead of in the next step: the same bytes in
+//! the same order, but no link waits for a segment's last byte before it sends the next, so a
+//! link's latency is paid about once a phase rather than once a step.
+//!
 //! The functions take a deadline on the fabric's clock and return the fabric's error as is;
 //! the caller (the communicator) adds the rank, the operation and its sequence number, and
 //! fails the group.
