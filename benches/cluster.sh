@@ -87,14 +87,27 @@ NUVEC_CLUSTER_HOLD="$HOLD" NUVEC_CLUSTER_HOSTS="$MAXN" NUVEC_CLUSTER_RATE="$RATE
   NUVEC_CLUSTER_HOLD_SECS=3600 "$HARNESS" a_cluster_is_held_while_the_hold_file_exists \
   --exact --ignored --nocapture >"$OUT/harness.log" 2>&1 &
 HOLDER=$!
-cleanup() { rm -f "$HOLD"; wait "$HOLDER" 2>/dev/null || true; }
+# A harness still making the cluster writes the hold file once the cluster is up, even after
+# this script gave up on it: the file is removed again until the harness has gone (it looks
+# every 100 ms, then tears the cluster down), for at most 10 minutes, after which it is
+# stopped.
+cleanup() {
+  rm -f "$HOLD"
+  for _ in $(seq 6000); do
+    kill -0 "$HOLDER" 2>/dev/null || break
+    rm -f "$HOLD"
+    sleep 0.1
+  done
+  kill "$HOLDER" 2>/dev/null || true
+  wait "$HOLDER" 2>/dev/null || true
+}
 trap cleanup EXIT
 for _ in $(seq 300); do
   [ -s "$HOLD" ] && break
   kill -0 "$HOLDER" 2>/dev/null || { cat "$OUT/harness.log" >&2; exit 1; }
   sleep 0.1
 done
-[ -s "$HOLD" ] || { echo "the cluster did not come up" >&2; exit 1; }
+[ -s "$HOLD" ] || { echo "the cluster did not come up within 30 s (see $OUT/harness.log)" >&2; exit 1; }
 CDIR="$(cat "$HOLD")"
 ON="$CDIR/bin/on"
 export PATH="$CDIR/bin:$PATH"
