@@ -271,21 +271,13 @@ impl Shared {
             world.crash(rank);
         }
         let started = world.now;
-        for t in step.iter() {
+        for (i, t) in step.iter().enumerate() {
             let channel = t.channel();
             let valid = channel.peer < world.size()
                 && channel.link < world.wiring.links(rank, channel.peer);
             if !valid {
-                return Err(FabricError {
-                    channel,
-                    direction: t.direction(),
-                    done: 0,
-                    total: t.len(),
-                    kind: FailureKind::Invalid(format!("rank {rank} has no channel {channel}")),
-                });
+                return Err(t.invalid(format!("rank {rank} has no channel {channel}")));
             }
-        }
-        for (i, t) in step.iter().enumerate() {
             Transfer::check_in(step, i, world.uc.is_none()).map_err(|what| t.invalid(what))?;
         }
         if world.uc.is_some() {

@@ -33,8 +33,40 @@ use crate::collective::reduce::Reducer;
 use crate::fabric::{Channel, Direction, Fabric, FabricError, FailureKind, Landing, Transfer};
 
 /// The transfers of one step: at most two per part, at most 2C parts, and on the nuvec wire
-/// four headers in an operation's first step (room for C = 2 without allocating).
-type Step<'a> = SmallVec<[Transfer<'a>; 12]>;
+/// four headers in an operation's first step (room for C = 2 without allocating); over a
+/// fabric that forwards, a [`push_chain`] per part.
+type Step<'a> = SmallVec<[Transfer<'a>; 16]>;
+
+/// Pushes one part's chain of a step over a fabric that forwards: `first` sent on `to`, then
+/// each of `landings` received on `from` and, all but the last, forwarded on `to` as it lands
+/// (as the send of MLX's next step).
+fn push_chain<'a>(
+    step: &mut Step<'a>,
+    (to, from): (Channel, Channel),
+    first: &'a [u8],
+    landings: impl IntoIterator<Item = Landing<'a>>,
+) {
+    step.push(Transfer::Send {
+        channel: to,
+        data: first,
+    });
+    let mut landings = landings.into_iter().peekable();
+    while let Some(landing) = landings.next() {
+        let len = landing.len();
+        step.push(Transfer::Recv {
+            channel: from,
+            landing,
+        });
+        if landings.peek().is_some() {
+            let of = step.len() - 1;
+            step.push(Transfer::Forward {
+                channel: to,
+                of,
+                len,
+            });
+        }
+    }
+}
 
 /// The channels a part sends on and receives from.
 fn channels(ring: &RingTopology, part: &Part) -> (Channel, Channel) {
@@ -275,45 +307,27 @@ fn forwarded_reduces<F: Fabric + ?Sized>(
             .map(|_| move |mine: &mut [u8], theirs: &[u8]| reducer.apply(mine, theirs))
             .collect();
         let mut folds = folds.iter_mut();
-        let mut step: SmallVec<[Transfer<'_>; 16]> = SmallVec::new();
+        let mut step: Step<'_> = SmallVec::new();
         if let Some(h) = headers.take() {
             h.push(&mut step);
         }
         for part in parts {
-            let (to, from) = channels(ring, part);
             let Some(first) = slices.next() else {
                 break;
             };
-            step.push(Transfer::Send {
-                channel: to,
-                data: first,
-            });
-            for k in 0..half {
-                let (Some(buf), Some(fold)) = (slices.next(), folds.next()) else {
-                    break;
-                };
-                let len = buf.len();
-                let landing = match phase {
+            let landings = slices
+                .by_ref()
+                .take(half)
+                .zip(folds.by_ref())
+                .map(|(buf, fold)| match phase {
                     Phase::Reduce => Landing::Fold {
                         buf,
                         grain: s,
                         fold,
                     },
                     Phase::Copy => Landing::Into(buf),
-                };
-                step.push(Transfer::Recv {
-                    channel: from,
-                    landing,
                 });
-                if k + 1 < half {
-                    let of = step.len() - 1;
-                    step.push(Transfer::Forward {
-                        channel: to,
-                        of,
-                        len,
-                    });
-                }
-            }
+            push_chain(&mut step, channels(ring, part), first, landings);
         }
         fabric.run(&mut step, deadline)?;
     }
@@ -401,37 +415,16 @@ fn forwarded_gather<F: Fabric + ?Sized>(
         }
     }
     let mut slices = carve(output, &ranges).into_iter();
-    let mut step: SmallVec<[Transfer<'_>; 16]> = SmallVec::new();
+    let mut step: Step<'_> = SmallVec::new();
     if let Some(h) = headers.take() {
         h.push(&mut step);
     }
     for part in parts {
-        let (to, from) = channels(ring, part);
         let Some(mine) = slices.next() else {
             break;
         };
-        step.push(Transfer::Send {
-            channel: to,
-            data: mine,
-        });
-        for t in 0..steps {
-            let Some(into) = slices.next() else {
-                break;
-            };
-            let len = into.len();
-            step.push(Transfer::Recv {
-                channel: from,
-                landing: Landing::Into(into),
-            });
-            if t + 1 < steps {
-                let of = step.len() - 1;
-                step.push(Transfer::Forward {
-                    channel: to,
-                    of,
-                    len,
-                });
-            }
-        }
+        let landings = slices.by_ref().take(steps).map(Landing::Into);
+        push_chain(&mut step, channels(ring, part), mine, landings);
     }
     fabric.run(&mut step, deadline)
 }

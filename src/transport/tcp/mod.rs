@@ -643,10 +643,10 @@ fn advance_forward(
     }) else {
         return Ok(false);
     };
-    let mut moved = false;
     if landed.len() - progress[i].done < FORWARD_MIN && landed.len() < len {
         return Ok(false);
     }
+    let mut moved = false;
     while progress[i].done < landed.len() {
         match limits::write(&mut link.stream, &landed[progress[i].done..]) {
             Ok(0) => return Err(io::ErrorKind::BrokenPipe.into()),
@@ -973,20 +973,12 @@ impl TcpFabric {
     /// [`Fabric::run`] but for telling the watch that the group failed.
     fn step(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         let started = self.now();
-        for t in step.iter() {
-            let c = t.channel();
-            if c.link >= self.links(c.peer) {
-                return Err(FabricError {
-                    channel: c,
-                    direction: t.direction(),
-                    done: 0,
-                    total: t.len(),
-                    kind: FailureKind::Invalid(format!("rank {} has no channel {c}", self.rank)),
-                });
-            }
-        }
         let forwards = self.forwards();
         for (i, t) in step.iter().enumerate() {
+            let c = t.channel();
+            if c.link >= self.links(c.peer) {
+                return Err(t.invalid(format!("rank {} has no channel {c}", self.rank)));
+            }
             Transfer::check_in(step, i, forwards).map_err(|what| t.invalid(what))?;
         }
         // Room for the largest step of the ring with two connections per neighbour (eight
