@@ -6,9 +6,11 @@
 //! (epoll or kqueue, through `mio`) until the step's deadline. So both directions of every
 //! connection move at once (full duplex, no deadlock however large the segments), the user's
 //! buffers go to and come from the sockets without copies (but for destinations the kernel
-//! copies into slowly, which are read through the link's scratch; the private `scratch`
-//! module says why), the reduction of received bytes runs on the calling thread as they
-//! arrive, and there is no hand-off between threads to get wrong or to pay for.
+//! copies into slowly on AMD's cores, which are read through the link's scratch; the private
+//! `scratch` module says why), the reduction of received bytes runs on the calling thread as
+//! they arrive, and there is no hand-off between threads to get wrong or to pay for. A receive
+//! reads at most 64 KiB a call, so that the kernel's copy never holds the socket long while
+//! the peer's packets wait behind it.
 //!
 //! Before it parks, a step that cannot progress may keep looking for bytes, calling
 //! `sched_yield` between looks: a parked thread is woken by the kernel when its peer's bytes
@@ -97,7 +99,8 @@ struct Link {
     stream: mio::net::TcpStream,
     /// Where bytes of [`Landing::Sink`] receives are read before they are delivered; a tail
     /// shorter than the grain waits here for the rest of its element. Also where receives
-    /// into a destination the kernel copies slowly into are bounced: see [`scratch`].
+    /// into a destination the kernel copies slowly into are bounced, on the CPUs where it
+    /// does: see [`scratch`].
     scratch: Scratch,
     /// Where the link's bytes go when both ends are ranks of this crate on one machine; the
     /// stream then carries only doorbells (see [`local`]).
@@ -487,9 +490,9 @@ fn advance_together(
             }
             io::Write::write_vectored(&mut link.stream, &slices)
         } else {
-            // Every member's rest, in order, as one read (members before the first unfinished
-            // one give nothing).
-            let mut budget = limits::MAX_IO;
+            // Every member's rest, in order, as one read of at most a piece (members before
+            // the first unfinished one give nothing).
+            let mut budget = scratch::PIECE;
             let mut slices: smallvec::SmallVec<[io::IoSliceMut<'_>; 4]> = smallvec::SmallVec::new();
             for (j, t) in step.iter_mut().enumerate() {
                 if !members.contains(&j) {
@@ -577,7 +580,8 @@ fn advance(link: &mut Link, t: &mut Transfer<'_>, p: &mut Progress) -> io::Resul
                 let read = if bounce {
                     read_through(&mut link.stream, link.scratch.bytes(), into)
                 } else {
-                    limits::read(&mut link.stream, into)
+                    let piece = into.len().min(scratch::PIECE);
+                    limits::read(&mut link.stream, &mut into[..piece])
                 };
                 match read {
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -1899,6 +1903,46 @@ mod tests {
     }
 
     #[test]
+    fn a_receive_into_a_page_start_is_bounced_through_the_scratch_only_where_that_copy_is_slow() {
+        for slow in [true, false] {
+            let (mut zero, mut one) = pair();
+            let len = 3 * scratch::PIECE + 5;
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let sent = data.clone();
+            let sender = std::thread::spawn(move || {
+                let mut step = [Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &sent,
+                }];
+                let deadline = one.now() + Duration::from_secs(30);
+                one.run(&mut step, deadline).expect("send");
+            });
+            // 16 bytes into a page, as a large heap buffer starts.
+            let mut backing = vec![0u8; len + 2 * scratch::PAGE];
+            let start = backing.as_ptr().align_offset(scratch::PAGE) + 16;
+            let into = &mut backing[start..start + len];
+            let largest = scratch::tests::with_slow_aliased_copy(slow, || {
+                let mut step = [Transfer::Recv {
+                    channel: Channel::new(1, 0),
+                    landing: Landing::Into(&mut *into),
+                }];
+                limits::take_largest();
+                let deadline = zero.now() + Duration::from_secs(30);
+                zero.run(&mut step, deadline).expect("recv");
+                limits::take_largest()
+            });
+            sender.join().expect("the sender");
+            assert!(*into == data[..], "slow {slow}: every byte, in order");
+            assert!(
+                largest <= scratch::PIECE,
+                "slow {slow}: a read of {largest} bytes"
+            );
+            let bounced = !zero.links[1][0].scratch.bytes().is_empty();
+            assert_eq!(bounced, slow, "read through the scratch");
+        }
+    }
+
+    #[test]
     fn no_socket_call_of_a_transfer_over_a_gibibyte_asks_for_more_than_one() {
         // macOS fails a socket call of more than INT_MAX bytes with EINVAL; Linux returns a
         // short count, so what is checked here is the length each call asks for. The zeroed
@@ -1917,7 +1961,7 @@ mod tests {
             limits::take_largest()
         });
         // Past the first cache line of a page, so that the receive reads straight into place
-        // (not bounced through the scratch, whose reads are small).
+        // (not bounced through the scratch) on every CPU.
         let mut backing = vec![1u8; len + 8192];
         let start = backing.as_ptr().align_offset(4096) + 128;
         let into = &mut backing[start..start + len];
@@ -1930,9 +1974,10 @@ mod tests {
         zero.run(&mut step, deadline).expect("recv");
         let received = limits::take_largest();
         let sent = sender.join().expect("the sender");
-        // Each side's first call asks for everything, clamped to exactly 1 GiB.
+        // The send's first call asks for everything, clamped to exactly 1 GiB; a receive into
+        // place asks for a piece at a time.
         assert_eq!(sent, limits::MAX_IO, "the largest send call");
-        assert_eq!(received, limits::MAX_IO, "the largest receive call");
+        assert_eq!(received, scratch::PIECE, "the largest receive call");
         assert!(into.iter().all(|&b| b == 0), "every byte arrived");
     }
 
