@@ -18,9 +18,40 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A scratch directory of this test process, fresh for this name.
-pub fn scratch(name: &str) -> PathBuf {
-    nuvec_local::scratch(name).expect("create a scratch directory")
+/// A scratch directory of this test process, fresh for this name: removed when the test that
+/// made it ends (the directory of this process's scratches too, once it is empty), kept when
+/// the test fails, with its ranks' logs in it.
+pub fn scratch(name: &str) -> Scratch {
+    Scratch(nuvec_local::scratch(name).expect("create a scratch directory"))
+}
+
+/// A test's scratch directory (see [`scratch`]): a [`Path`] while the test runs.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+        if let Some(parent) = self.0.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
 }
 
 /// Writes MLX's ring hostfile for `nodes` into `dir` and returns its path.

@@ -338,7 +338,7 @@ fn job_over(
     frames: &str,
     over: Over,
     env: &dyn Fn(usize) -> Vec<(&'static str, String)>,
-) -> (Vec<procs::Finished>, std::path::PathBuf) {
+) -> (Vec<procs::Finished>, procs::Scratch) {
     let _one_job_at_a_time = procs::exclusive();
     let dir = procs::scratch(name);
     let devices = dir.join("devices.json");
