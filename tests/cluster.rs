@@ -1933,7 +1933,9 @@ fn the_doctor_measures_every_link_of_a_clean_cluster_within_ten_percent_of_iperf
     let Some(c) = cluster::make(4, "1gbit") else {
         return;
     };
-    let svg = procs::scratch("doctor-clean").join("links.svg");
+    // Held to the test's end: the directory goes with it.
+    let dir = procs::scratch("doctor-clean");
+    let svg = dir.join("links.svg");
     let svg_arg = svg.display().to_string();
     // 128 MiB or 1 s each way, as iperf3's stream runs long enough to leave slow start; the
     // sweep gets the time for a few 64 MiB all_sums at 1 Gbit/s (about 1 s each).
@@ -2079,7 +2081,9 @@ fn the_doctor_says_when_a_hosts_address_sits_on_its_second_slower_interface() {
             serde_json::json!({ "ssh": c.hosts[i].addr.to_string(), "ips": [ip] })
         })
         .collect();
-    let path = procs::scratch("doctor-second").join("hosts.json");
+    // Held to the test's end: the directory goes with it.
+    let dir = procs::scratch("doctor-second");
+    let path = dir.join("hosts.json");
     std::fs::write(&path, serde_json::Value::Array(hosts).to_string()).expect("the host file");
     let done = doctor(&c, &["--hostfile", &path.display().to_string()]);
     eprintln!(

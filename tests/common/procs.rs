@@ -25,7 +25,9 @@ pub fn scratch(name: &str) -> Scratch {
     Scratch(nuvec_local::scratch(name).expect("create a scratch directory"))
 }
 
-/// A test's scratch directory (see [`scratch`]): a [`Path`] while the test runs.
+/// A test's scratch directory (see [`scratch`]): a [`Path`] while it lives. Bind it to a name
+/// that lives as long as the directory is used: a temporary (`scratch(name).join(file)`) takes
+/// the directory with it at the end of its statement.
 pub struct Scratch(PathBuf);
 
 impl std::ops::Deref for Scratch {
