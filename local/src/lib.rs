@@ -294,11 +294,7 @@ impl Job {
             })
             .collect();
         if self.owns_dir {
-            let _ = std::fs::remove_dir_all(&self.dir);
-            // The directory of this process's jobs, once it holds no other job's.
-            if let Some(parent) = self.dir.parent() {
-                let _ = std::fs::remove_dir(parent);
-            }
+            remove_scratch(&self.dir);
         }
         Ok(finished)
     }
@@ -365,6 +361,15 @@ pub fn scratch(name: &str) -> Result<PathBuf, Error> {
     }
 }
 
+/// Removes a directory made by [`scratch`], and the directory of this process's scratches once
+/// it holds no other (best effort: what cannot be removed stays).
+pub fn remove_scratch(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
 /// `ranks` entries of `conns` free loopback addresses each, as MLX's hostfile lists them.
 ///
 /// The ports are found by binding port 0 and releasing it, so another process could take one
@@ -425,10 +430,7 @@ mod tests {
 
     impl Drop for Dir {
         fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-            if let Some(parent) = self.0.parent() {
-                let _ = std::fs::remove_dir(parent);
-            }
+            remove_scratch(&self.0);
         }
     }
 

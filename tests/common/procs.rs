@@ -46,12 +46,8 @@ impl AsRef<Path> for Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            return;
-        }
-        let _ = std::fs::remove_dir_all(&self.0);
-        if let Some(parent) = self.0.parent() {
-            let _ = std::fs::remove_dir(parent);
+        if !std::thread::panicking() {
+            nuvec_local::remove_scratch(&self.0);
         }
     }
 }
