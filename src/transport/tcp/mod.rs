@@ -1283,6 +1283,19 @@ mod tests {
         (zero, one)
     }
 
+    /// Rank 1 of a pair sends `data` to rank 0 on a thread of its own, in one step of at most
+    /// 30 s.
+    fn send_from_rank_one(mut one: TcpFabric, data: Vec<u8>) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut step = [Transfer::Send {
+                channel: Channel::new(0, 0),
+                data: &data,
+            }];
+            let deadline = one.now() + Duration::from_secs(30);
+            one.run(&mut step, deadline).expect("send");
+        })
+    }
+
     /// Accepts any header.
     struct Any;
 
@@ -1688,18 +1701,10 @@ mod tests {
     fn a_local_link_delivers_whole_elements_in_order_across_its_wrap_at_any_offset() {
         // Three bytes first, so every element of the reduction's receive straddles the
         // queue's wrap somewhere; more than the queue holds, so the sender parks for room.
-        let (mut zero, mut one) = local_pair();
+        let (mut zero, one) = local_pair();
         let len = 2 * local::CAPACITY + 4 * 1001;
         let data: Vec<u8> = (0..3 + len).map(|i| (i * 13 % 251) as u8).collect();
-        let sent = data.clone();
-        let sender = std::thread::spawn(move || {
-            let mut step = [Transfer::Send {
-                channel: Channel::new(0, 0),
-                data: &sent,
-            }];
-            let deadline = one.now() + Duration::from_secs(30);
-            one.run(&mut step, deadline).expect("send");
-        });
+        let sender = send_from_rank_one(one, data.clone());
         let mut head = [0u8; 3];
         let mut step = [Transfer::Recv {
             channel: Channel::new(1, 0),
@@ -1905,18 +1910,10 @@ mod tests {
     #[test]
     fn a_receive_into_a_page_start_is_bounced_through_the_scratch_only_where_that_copy_is_slow() {
         for slow in [true, false] {
-            let (mut zero, mut one) = pair();
+            let (mut zero, one) = pair();
             let len = 3 * scratch::PIECE + 5;
             let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-            let sent = data.clone();
-            let sender = std::thread::spawn(move || {
-                let mut step = [Transfer::Send {
-                    channel: Channel::new(0, 0),
-                    data: &sent,
-                }];
-                let deadline = one.now() + Duration::from_secs(30);
-                one.run(&mut step, deadline).expect("send");
-            });
+            let sender = send_from_rank_one(one, data.clone());
             // 16 bytes into a page, as a large heap buffer starts.
             let mut backing = vec![0u8; len + 2 * scratch::PAGE];
             let start = backing.as_ptr().align_offset(scratch::PAGE) + 16;
