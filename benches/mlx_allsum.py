@@ -45,7 +45,8 @@ def values(n_elems, rank, ranks):
 
 
 # At most JOB_WARMUP all_sums of JOB_WARMUP_BYTES, each after a barrier, before the first size
-# is timed, in rounds of JOB_WARMUP_ROUND until rank 0 has spent JOB_WARMUP_TIME seconds on them.
+# is timed, in rounds of JOB_WARMUP_ROUND until rank 0 has spent JOB_WARMUP_TIME seconds on them:
+# the values of benches/common/warmup.rs.
 JOB_WARMUP = 1000
 JOB_WARMUP_ROUND = 100
 JOB_WARMUP_TIME = 0.25
@@ -70,7 +71,7 @@ def main():
         mx.eval(mx.distributed.all_sum(token, group=group, stream=mx.cpu))
 
     # The job's first collectives run slower than the rest: warm the job up before its first
-    # size, as benches/upstream (JOB_WARMUP) and benches/allreduce do.
+    # size, as benches/common/warmup.rs does for the Rust benches.
     small = mx.array(values(JOB_WARMUP_BYTES // 4, rank, ranks))
     started = time.perf_counter()
     for warm_round in range(1, JOB_WARMUP // JOB_WARMUP_ROUND + 1):

@@ -90,6 +90,8 @@ mod launch;
 mod measure;
 mod report;
 mod sim;
+#[path = "../common/warmup.rs"]
+mod warmup;
 mod wire;
 
 use std::error::Error as StdError;

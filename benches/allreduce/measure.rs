@@ -3,7 +3,7 @@
 //! the timed loop of every size: warm-up, a barrier before every timed iteration, the per-rank
 //! times combined over the ranks, the check.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nuvec_core::DType;
 use nuvec_distributed::RingCommunicator;
@@ -17,6 +17,7 @@ use crate::args::{Agg, Args, Op};
 use crate::cpu_time::cpu_time;
 use crate::data::{check_gathered, check_reduced, fill, gather_input};
 use crate::report::{Row, Stats};
+use crate::warmup::{self, JOB_WARMUP_BYTES};
 use crate::wire::Wire;
 
 /// What the bench times, as MLX's ring and JACCL both provide it (their `try_*` methods).
@@ -130,41 +131,22 @@ pub(crate) fn barrier(comm: &impl Collectives) -> Result<()> {
     comm.all_reduce(Reduction::Sum, DType::U8, &mut b)
 }
 
-/// The most all_sums of float32, each after a barrier, that warm a job up before its first
-/// size is timed, in rounds of [`JOB_WARMUP_ROUND`] until rank 0 has spent
-/// [`JOB_WARMUP_TIME`] on them, as `benches/upstream` and `benches/mlx_allsum.py` do: a job's
-/// first collectives run slower than the rest (on the emulated cluster, 4 hosts, 4 KiB: 43–47
-/// µs against 34–37 for the same size timed again; over loopback, alike).
-const JOB_WARMUP: usize = 1000;
-
-/// The all_sums of a round of the job's warm-up, after which rank 0 says whether to go on.
-const JOB_WARMUP_ROUND: usize = 100;
-
-/// How long the job's warm-up may take on rank 0, at least a round.
-const JOB_WARMUP_TIME: Duration = Duration::from_millis(250);
-
-/// The bytes of each all_sum of the job's warm-up.
-const JOB_WARMUP_BYTES: usize = 4096;
-
-/// Warms the job up (see [`JOB_WARMUP`]). Not in the simulator, whose time is virtual.
+/// Warms the job up before its first size is timed (`benches/common/warmup.rs`): all_sums of
+/// float32, each after a barrier. Not in the simulator, whose time is virtual.
 fn warm_up_job(comm: &impl Collectives) -> Result<()> {
     let mut data = vec![0u8; JOB_WARMUP_BYTES];
-    let started = Instant::now();
-    for round in 1..=JOB_WARMUP / JOB_WARMUP_ROUND {
-        for _ in 0..JOB_WARMUP_ROUND {
+    warmup::warm_up_job(
+        comm.rank(),
+        || {
             barrier(comm)?;
-            comm.all_reduce(Reduction::Sum, DType::F32, &mut data)?;
-        }
-        // Rank 0's verdict, the same on every rank.
-        let mut more = [u8::from(
-            comm.rank() == 0 && started.elapsed() < JOB_WARMUP_TIME,
-        )];
-        comm.all_reduce(Reduction::Sum, DType::U8, &mut more)?;
-        if more[0] != 1 || round * JOB_WARMUP_ROUND >= JOB_WARMUP {
-            break;
-        }
-    }
-    Ok(())
+            comm.all_reduce(Reduction::Sum, DType::F32, &mut data)
+        },
+        |more| {
+            let mut more = [u8::from(more)];
+            comm.all_reduce(Reduction::Sum, DType::U8, &mut more)?;
+            Ok(more[0] == 1)
+        },
+    )
 }
 
 /// Runs `op` `warmup` times, then `iters` times each after a barrier and timed on `clock`,

@@ -11,8 +11,8 @@
 //! of its result), each preceded by a barrier (an all_sum of one `u8` per rank); the time of
 //! an iteration is the mean over the ranks; p50 and p99 over iterations. Iterations per size:
 //! clamp(256 MiB / bytes, 10, 500), warm-up clamp(iters / 10, 2, 50); before the first size,
-//! up to [`JOB_WARMUP`] all_sums of 4 KiB (or a quarter of a second's), each after a barrier,
-//! warm the job up. Rank 0 prints one line
+//! up to 1000 all_sums of 4 KiB (or a quarter of a second's), each after a barrier, warm the
+//! job up (`benches/common/warmup.rs`). Rank 0 prints one line
 //! per size: `ROW <impl> <ranks> <bytes> <p50 µs> <p99 µs> <ok|FAIL> <cpu µs>`, the last the CPU
 //! time one operation took on a rank, all its threads, those the operation started and ended
 //! included (`CLOCK_PROCESS_CPUTIME_ID`, `benches/common/cpu_time.rs`, as `benches/allreduce/` reads it: 0.5.0 starts a
@@ -33,6 +33,9 @@ use nuvec_core::{Array, distributed};
 #[path = "../../common/cpu_time.rs"]
 mod cpu_time;
 use cpu_time::cpu_time;
+#[path = "../../common/warmup.rs"]
+mod warmup;
+use warmup::{JOB_WARMUP_BYTES, warm_up_job};
 
 /// Errors of every kind.
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -70,24 +73,6 @@ fn init(which: &str) -> Result<distributed::Group> {
     }
 }
 
-/// The most all_sums, each after a barrier, that warm a job up before its first size is
-/// timed, in rounds of [`JOB_WARMUP_ROUND`] until rank 0 has spent [`JOB_WARMUP_TIME`] on them:
-/// on the emulated cluster (4 hosts, 4 KiB on the nuvec wire, 2026-12-06) the first size's p50
-/// was 43–47 µs and every size after it, the same 4 KiB, 34–37, with 50 warm-up iterations;
-/// over loopback every block was alike. `benches/mlx_allsum.py` and `benches/allreduce/` warm
-/// up the same way.
-const JOB_WARMUP: usize = 1000;
-
-/// The all_sums of a round of the job's warm-up, after which rank 0 says whether to go on.
-const JOB_WARMUP_ROUND: usize = 100;
-
-/// How long the job's warm-up may take on rank 0, at least a round: a job whose small all_sums
-/// take milliseconds (MLX's ring on 4 hosts) stops after its first round.
-const JOB_WARMUP_TIME: f64 = 0.25;
-
-/// The bytes of each all_sum of the job's warm-up.
-const JOB_WARMUP_BYTES: usize = 4096;
-
 /// Times every size and prints rank 0's rows.
 fn main() -> Result<()> {
     let mut which = "upstream".to_string();
@@ -107,22 +92,20 @@ fn main() -> Result<()> {
     // leave the barrier one hop apart).
     let token = Array::from(vec![0u8; ranks]);
     let barrier = || distributed::all_sum(&token, None).eval();
-    // The job's first collectives run slower than the rest, whichever implementation: warm the
-    // job up before its first size (see `JOB_WARMUP`).
+    // The job's first collectives run slower than the rest: warm the job up before its first
+    // size (`benches/common/warmup.rs`).
     let small = Array::from(values(JOB_WARMUP_BYTES / 4, rank, ranks));
-    let started = Instant::now();
-    for round in 1..=JOB_WARMUP / JOB_WARMUP_ROUND {
-        for _ in 0..JOB_WARMUP_ROUND {
+    warm_up_job(
+        rank,
+        || {
             barrier()?;
-            distributed::all_sum(&small, None).eval()?;
-        }
-        // Rank 0's verdict, the same on every rank.
-        let more = rank == 0 && started.elapsed().as_secs_f64() < JOB_WARMUP_TIME;
-        let more = distributed::all_sum(&Array::from(u32::from(more)), None).to_vec::<u32>()?;
-        if more.first() != Some(&1) || round * JOB_WARMUP_ROUND >= JOB_WARMUP {
-            break;
-        }
-    }
+            distributed::all_sum(&small, None).eval()
+        },
+        |more| {
+            let sum = distributed::all_sum(&Array::from(u32::from(more)), None).to_vec::<u32>()?;
+            Ok(sum.first() == Some(&1))
+        },
+    )?;
     for size in sizes.split(',').map(parse_bytes) {
         let elements = size? / 4;
         let bytes = elements * 4;
