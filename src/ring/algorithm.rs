@@ -24,7 +24,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::RingTopology;
-use super::checked::Headers;
+use super::checked::{self, Headers};
 use super::schedule::{
     self, Flow, MLX_SMALL_PATH_LIMIT, Part, Phase, Side, all_gather_plan, all_gather_step,
     all_reduce_plan, all_reduce_step, all_reduce_steps, beyond_mlx_small_path, p2p_split, segment,
@@ -139,7 +139,8 @@ pub fn all_reduce<F: Fabric + ?Sized>(
     deadline: Duration,
 ) -> Result<(), FabricError> {
     let s = reducer.element_size();
-    let plan = all_reduce_plan(data.len() / s, s, ring.size(), ring.conns());
+    let mut plan = all_reduce_plan(data.len() / s, s, ring.size(), ring.conns());
+    checked::plan_as_named(&mut plan.parts, headers.as_deref());
     let sub_reduces = if fabric.forwards() {
         forwarded_reduces
     } else {
@@ -352,7 +353,8 @@ pub fn all_gather<F: Fabric + ?Sized>(
     let n = input.len();
     assert_eq!(output.len(), n * ranks, "all_gather: output size");
     output[rank * n..(rank + 1) * n].copy_from_slice(input);
-    let parts = all_gather_plan(n, ring.conns());
+    let mut parts = all_gather_plan(n, ring.conns());
+    checked::plan_as_named(&mut parts, headers.as_deref());
     if fabric.forwards() {
         return forwarded_gather(fabric, ring, output, n, &parts, headers, deadline);
     }

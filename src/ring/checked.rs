@@ -17,12 +17,26 @@
 //! Every collective exchanges headers with both neighbours, so ranks whose calls differ find it
 //! on both sides of every boundary between them; a rank further away fails when a neighbour that
 //! found it closes its links (the communicator closes them after any failure on the nuvec wire).
+//!
+//! # Two ranks
+//!
+//! Below 2R × 256 KiB (512 KiB per rank for an all-gather) MLX's schedule moves every byte
+//! one way (leftward), so the header the other way has no bytes to travel with: it goes as a
+//! packet of its own and is read by a call of its own, which cost 4–5 µs an all_sum of
+//! 32–256 KiB on 2 hosts of the emulated cluster (the README's "Performance against the
+//! link"). On two ranks both neighbours are one rank,
+//! so one header each way along the flow already lets both ranks name a mismatch; but MLX's
+//! one way is not the one the relay's step and a `send` take there (rightward), and a rank in
+//! either of those and one in a collective whose headers went only leftward would each wait on
+//! a link the other does not write. So on two ranks such a collective runs MLX's schedule
+//! turned rightward ([`Schedule::RingRightward`], which its header names), with its header
+//! only along it; every other collective keeps a header each way.
 
 use smallvec::SmallVec;
 
 use super::RingTopology;
-use super::fingerprint::{Fingerprint, HEADER};
-use super::schedule::Side;
+use super::fingerprint::{Fingerprint, HEADER, Schedule};
+use super::schedule::{Flow, Part, Side};
 use crate::fabric::{Channel, Check, Landing, Transfer};
 
 /// The headers of an operation's first step: this rank's, to send on each link in `sends`, and
@@ -30,6 +44,8 @@ use crate::fabric::{Channel, Check, Landing, Transfer};
 #[derive(Debug)]
 pub struct Headers {
     encoded: [u8; HEADER],
+    /// The schedule the header names, which says how the collective runs.
+    schedule: Schedule,
     sends: SmallVec<[Channel; 2]>,
     recvs: SmallVec<[(Channel, [u8; HEADER]); 2]>,
     /// The judge of each header of `recvs`, in order.
@@ -61,12 +77,49 @@ impl Check for Expect {
     }
 }
 
+/// The schedule by which the nuvec wire runs a collective above the relay on `ranks` ranks,
+/// given MLX's plan of it (`parts`): turned rightward where there are two ranks and the plan
+/// has one part (every byte one way), else MLX's (see the [module documentation](self)).
+pub fn ring_schedule(ranks: usize, parts: &[Part]) -> Schedule {
+    if ranks == 2 && parts.len() == 1 {
+        Schedule::RingRightward
+    } else {
+        Schedule::Ring
+    }
+}
+
+/// MLX's plan (`parts`) as the collective's `headers` name it: every part turned rightward
+/// for [`Schedule::RingRightward`], else unchanged.
+pub fn plan_as_named(parts: &mut [Part], headers: Option<&Headers>) {
+    if headers.is_some_and(|h| h.schedule == Schedule::RingRightward) {
+        for part in parts {
+            part.flow = Flow::Rightward;
+        }
+    }
+}
+
 impl Headers {
-    /// A collective's headers: to and from link 0 of both neighbours.
+    /// A collective's headers: to and from link 0 of both neighbours, or, for
+    /// [`Schedule::RingRightward`], to the right and from the left only.
     pub fn collective(ring: &RingTopology, ours: Fingerprint) -> Self {
         let right = ring.channel(Side::Right, 0);
         let left = ring.channel(Side::Left, 0);
+        if ours.schedule == Schedule::RingRightward {
+            return Self {
+                encoded: ours.encode(),
+                schedule: ours.schedule,
+                sends: [right].into_iter().collect(),
+                recvs: [(left, [0; HEADER])].into_iter().collect(),
+                expect: [Expect {
+                    ours,
+                    from: ring.left(),
+                }]
+                .into_iter()
+                .collect(),
+            };
+        }
         Self {
+            schedule: ours.schedule,
             encoded: ours.encode(),
             sends: [right, left].into_iter().collect(),
             recvs: [left, right]
@@ -84,6 +137,7 @@ impl Headers {
     pub fn send(ring: &RingTopology, side: Side, ours: Fingerprint) -> Self {
         Self {
             encoded: ours.encode(),
+            schedule: ours.schedule,
             sends: [ring.channel(side, 0)].into_iter().collect(),
             recvs: SmallVec::new(),
             expect: SmallVec::new(),
@@ -94,6 +148,7 @@ impl Headers {
     pub fn recv(ring: &RingTopology, side: Side, src: usize, ours: Fingerprint) -> Self {
         Self {
             encoded: ours.encode(),
+            schedule: ours.schedule,
             sends: SmallVec::new(),
             recvs: [(ring.channel(side, 0), [0; HEADER])].into_iter().collect(),
             expect: [Expect { ours, from: src }].into_iter().collect(),
@@ -105,6 +160,7 @@ impl Headers {
     pub fn push<'a>(&'a mut self, step: &mut impl Extend<Transfer<'a>>) {
         let Headers {
             encoded,
+            schedule: _,
             sends,
             recvs,
             expect,
@@ -126,5 +182,73 @@ impl Headers {
                     },
                 }),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nuvec_core::DType;
+
+    use super::*;
+    use crate::fabric::{Channel, Direction};
+    use crate::ring::fingerprint::Op;
+    use crate::ring::schedule::{all_gather_plan, all_reduce_plan};
+
+    fn sum(ring: &RingTopology, bytes: usize, schedule: Schedule) -> Fingerprint {
+        Fingerprint {
+            op: Op::AllSum,
+            dtype: Some(DType::F32),
+            seq: 0,
+            bytes: bytes as u64,
+            origin: ring.rank(),
+            peer: None,
+            schedule,
+        }
+    }
+
+    #[test]
+    fn only_a_collective_of_two_ranks_that_goes_one_way_turns_rightward() {
+        let one_way = all_reduce_plan(16_384, 4, 2, 1).parts;
+        assert_eq!(one_way.len(), 1);
+        assert_eq!(ring_schedule(2, &one_way), Schedule::RingRightward);
+        assert_eq!(
+            ring_schedule(2, &all_gather_plan(4, 2)),
+            Schedule::RingRightward
+        );
+        let both_ways = all_reduce_plan(262_144, 4, 2, 1).parts;
+        assert_eq!(both_ways.len(), 2);
+        assert_eq!(ring_schedule(2, &both_ways), Schedule::Ring);
+        assert_eq!(
+            ring_schedule(4, &all_reduce_plan(16_384, 4, 4, 1).parts),
+            Schedule::Ring
+        );
+    }
+
+    #[test]
+    fn a_collective_turned_rightward_runs_every_part_rightward_with_its_header_along_it() {
+        let ring = RingTopology::new(0, 2, 1);
+        let mut parts = all_reduce_plan(16_384, 4, 2, 1).parts;
+        let mut kept = parts.clone();
+        let mut turned = Headers::collective(&ring, sum(&ring, 65_536, Schedule::RingRightward));
+        plan_as_named(&mut parts, Some(&turned));
+        assert!(parts.iter().all(|p| p.flow == Flow::Rightward));
+        let mut step = Vec::new();
+        turned.push(&mut step);
+        let channels: Vec<_> = step.iter().map(|t| (t.channel(), t.direction())).collect();
+        // Right: the link this rank opened (0); left: the one its neighbour opened (1).
+        assert_eq!(
+            channels,
+            [
+                (Channel::new(1, 0), Direction::Send),
+                (Channel::new(1, 1), Direction::Recv)
+            ]
+        );
+        // MLX's schedule keeps its flows and a header each way.
+        let mut both = Headers::collective(&ring, sum(&ring, 65_536, Schedule::Ring));
+        plan_as_named(&mut kept, Some(&both));
+        assert_eq!(kept[0].flow, Flow::Leftward);
+        let mut step = Vec::new();
+        both.push(&mut step);
+        assert_eq!(step.len(), 4);
     }
 }

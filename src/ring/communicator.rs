@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nuvec_core::DType;
 
-use super::checked::Headers;
+use super::checked::{self, Headers};
 use super::fingerprint::{Fingerprint, Op, Schedule};
 use super::{RingTopology, algorithm, relay, schedule};
 use crate::collective::checks::{self, communicator_over_try, lifecycle_of_core};
@@ -114,7 +114,14 @@ impl<F: Fabric> RingCommunicator<F> {
                 return algorithm::all_reduce(fabric, ring, reducer, data, scratch, None, deadline);
             }
             let relayed = relay::relays(true, len, ring.size());
-            let ours = collective(ring, seq, Op::reduction(op), Some(dtype), len, relayed);
+            let schedule = if relayed {
+                Schedule::Relay
+            } else {
+                let s = reducer.element_size();
+                let plan = schedule::all_reduce_plan(len / s, s, ring.size(), ring.conns());
+                checked::ring_schedule(ring.size(), &plan.parts)
+            };
+            let ours = collective(ring, seq, Op::reduction(op), Some(dtype), len, schedule);
             if relayed {
                 relay::all_reduce(
                     fabric, ring, reducer, data, scratch, headers, &ours, deadline,
@@ -155,7 +162,13 @@ impl<F: Fabric> RingCommunicator<F> {
                 return algorithm::all_gather(fabric, ring, input, output, None, deadline);
             }
             let relayed = relay::relays(false, input.len(), ring.size());
-            let ours = collective(ring, seq, op, None, input.len(), relayed);
+            let schedule = if relayed {
+                Schedule::Relay
+            } else {
+                let parts = schedule::all_gather_plan(input.len(), ring.conns());
+                checked::ring_schedule(ring.size(), &parts)
+            };
+            let ours = collective(ring, seq, op, None, input.len(), schedule);
             if relayed {
                 relay::all_gather(
                     fabric,
@@ -251,8 +264,8 @@ impl RingState {
     }
 }
 
-/// The fingerprint of this rank's collective number `seq`, `op` of `bytes` per rank (by the
-/// relay when `relayed`). The numbers are the communicator core's, the same that errors and
+/// The fingerprint of this rank's collective number `seq`, `op` of `bytes` per rank, run by
+/// `schedule`. The numbers are the communicator core's, the same that errors and
 /// the flight record show (see [`fingerprint`](super::fingerprint)).
 fn collective(
     ring: &RingTopology,
@@ -260,7 +273,7 @@ fn collective(
     op: Op,
     dtype: Option<DType>,
     bytes: usize,
-    relayed: bool,
+    schedule: Schedule,
 ) -> Fingerprint {
     Fingerprint {
         op,
@@ -269,11 +282,7 @@ fn collective(
         bytes: bytes as u64,
         origin: ring.rank(),
         peer: None,
-        schedule: if relayed {
-            Schedule::Relay
-        } else {
-            Schedule::Ring
-        },
+        schedule,
     }
 }
 

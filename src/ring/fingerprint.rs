@@ -16,7 +16,7 @@
 //! | 4 | version (2: byte 7 names the schedule; version 1 left it 0) |
 //! | 5 | the operation ([`Op`]) |
 //! | 6 | the dtype (its index in [`DTYPES`], 255 for bytes) |
-//! | 7 | the schedule ([`Schedule`]): 0 MLX's ring, 1 the relay |
+//! | 7 | the schedule ([`Schedule`]): 0 MLX's ring, 1 the relay, 2 MLX's ring turned rightward |
 //! | 8..16 | the sequence number (see below) |
 //! | 16..24 | the byte count per rank |
 //! | 24..28 | the rank that made the header (the origin) |
@@ -36,11 +36,11 @@
 //!
 //! # Schedules
 //!
-//! A collective's size picks its schedule (the relay up to a crossover, MLX's ring above it),
-//! and every rank must pick the same one: the two move other bytes on other links. The header
-//! names the schedule, so ranks whose builds draw the crossover elsewhere (another version of
-//! this crate, or a build made to measure it) fail naming both schedules rather than read each
-//! other's bytes as their own.
+//! A collective's size picks its schedule (the relay up to a crossover, MLX's ring above it,
+//! turned rightward on two ranks where it goes one way), and every rank must pick the same
+//! one: they move other bytes on other links. The header names the schedule, so ranks whose
+//! builds pick otherwise (another version of this crate, or a build made to measure the
+//! crossover) fail naming both schedules rather than read each other's bytes as their own.
 
 use std::fmt;
 
@@ -137,6 +137,11 @@ pub enum Schedule {
     Ring,
     /// The relay of small collectives ([`relay`](super::relay)).
     Relay,
+    /// MLX's ring schedule where it moves every byte one way, on two ranks, turned to go
+    /// rightward, the way the relay and a `send` go there, with the header only along it (see
+    /// [`checked`](super::checked)): MLX's one way is leftward, where a header the other way
+    /// would go as a packet of its own.
+    RingRightward,
 }
 
 impl Schedule {
@@ -144,6 +149,7 @@ impl Schedule {
         match self {
             Schedule::Ring => 0,
             Schedule::Relay => 1,
+            Schedule::RingRightward => 2,
         }
     }
 
@@ -151,6 +157,7 @@ impl Schedule {
         match code {
             0 => Some(Schedule::Ring),
             1 => Some(Schedule::Relay),
+            2 => Some(Schedule::RingRightward),
             _ => None,
         }
     }
@@ -160,6 +167,7 @@ impl Schedule {
         match self {
             Schedule::Ring => "MLX's ring schedule",
             Schedule::Relay => "the relay",
+            Schedule::RingRightward => "MLX's ring schedule turned rightward",
         }
     }
 }
@@ -263,10 +271,14 @@ impl Fingerprint {
         } == *self;
         if theirs.schedule != self.schedule && same_call {
             // The same call by another schedule: the programs agree, the builds do not.
+            let differ = if Schedule::Relay == theirs.schedule || Schedule::Relay == self.schedule {
+                "draw the nuvec wire's crossover elsewhere"
+            } else {
+                "choose the nuvec wire's schedules otherwise"
+            };
             return format!(
-                "rank {} ran {} by {} where this rank ran it by {}: the ranks' builds draw the \
-                 nuvec wire's crossover elsewhere (different versions of nuvec-distributed?); \
-                 run one build on every rank",
+                "rank {} ran {} by {} where this rank ran it by {}: the ranks' builds {differ} \
+                 (different versions of nuvec-distributed?); run one build on every rank",
                 theirs.origin,
                 Call(theirs),
                 theirs.schedule.name(),
@@ -418,9 +430,29 @@ mod tests {
     }
 
     #[test]
+    fn the_same_call_turned_rightward_by_one_build_only_names_both_schedules() {
+        let ring = sum(4, 65536, 0);
+        let rightward = Fingerprint {
+            schedule: Schedule::RingRightward,
+            ..sum(4, 65536, 1)
+        };
+        assert_eq!(Fingerprint::decode(&rightward.encode(), 0), Some(rightward));
+        assert!(!ring.matches(&rightward));
+        let text = ring.mismatch(&rightward);
+        assert!(
+            text.starts_with(
+                "rank 1 ran all_sum #4 of 65536 bytes (float32) by MLX's ring schedule turned \
+                 rightward where this rank ran it by MLX's ring schedule: the ranks' builds \
+                 choose the nuvec wire's schedules otherwise"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_header_naming_no_known_schedule_is_not_read() {
         let mut h = sum(1, 8, 0).encode();
-        h[7] = 2;
+        h[7] = 3;
         let crc = crc32fast::hash(&h[..28]);
         h[28..32].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(Fingerprint::decode(&h, 0), None);

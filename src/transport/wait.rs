@@ -70,7 +70,7 @@
 //! | 4 | 1 MiB | mlx.launch, two busy loops | 2577 | 6365 | 2910 | 8837 |
 //!
 //! On a busy machine 0.5.0 stays ahead at 4 KiB, and parking at once does not reach it. Not
-//! for the wire protocol: below R × 256 KiB MLX's ring runs one sub-reduce in one direction,
+//! for the wire protocol: below 2R × 256 KiB MLX's ring runs one sub-reduce in one direction,
 //! so a small step is one send and one receive, as 0.5.0's. Keeping the core for a few
 //! microseconds after a wake instead of parking again (tried) made it worse. Other rules tried
 //! were within the noise of this one; the candidates of a column side by side in one run, 3

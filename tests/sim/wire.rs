@@ -1,10 +1,11 @@
 //! The nuvec wire in the simulator: its results (the rank-order fold, the same bits on every
 //! rank), its hops, and mismatched calls caught on every rank with no data returned.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use nuvec_core::DType;
-use nuvec_distributed::fabric::Fabric;
+use nuvec_distributed::fabric::{Channel, Fabric};
 use nuvec_distributed::reduce::{Reducer, Reduction};
 use nuvec_distributed::ring::relay;
 use nuvec_distributed::{Error, RingCommunicator, Wire};
@@ -207,6 +208,88 @@ fn an_all_sum_above_the_crossover_takes_mlx_hops_on_the_nuvec_wire_its_headers_r
         assert!(
             nuvec.as_secs_f64() <= mlx.as_secs_f64() * 1.01,
             "{ranks} ranks: {nuvec:?} on the nuvec wire against {mlx:?} on MLX's"
+        );
+    }
+}
+
+/// Every byte each rank wrote on its links during one collective of `bytes` per rank on the
+/// nuvec wire (an all_sum of float32 when `reduce`, else an all_gather), per `(sender,
+/// sender's channel)`.
+fn wire_of(ranks: usize, reduce: bool, bytes: usize) -> BTreeMap<(usize, Channel), Vec<u8>> {
+    let report = Sim::ring(ranks, 1)
+        .seed(3)
+        .wire(Wire::Nuvec)
+        .record_wire(true)
+        .run(|fabric| {
+            let rank = fabric.rank();
+            let comm = comm(fabric, 1);
+            if reduce {
+                let mut data = input(DType::F32, bytes / 4, rank, 0);
+                comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data)
+            } else {
+                let mut out = vec![0u8; bytes * ranks];
+                comm.try_all_gather(&vec![7u8; bytes], &mut out)
+            }
+        });
+    for (rank, outcome) in report.outcomes.into_iter().enumerate() {
+        outcome
+            .returned()
+            .expect("returned")
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    }
+    report.wire
+}
+
+#[test]
+fn on_two_ranks_a_collective_that_goes_one_way_goes_rightward_and_writes_nothing_the_other_way() {
+    // Above the relay and below 2R × 256 KiB an all_sum moves one way; an all-gather on two
+    // ranks never relays, and below 512 KiB per rank moves one way.
+    for (reduce, bytes) in [(true, 64 * 1024), (false, 4), (false, 64 * 1024)] {
+        let wire = wire_of(2, reduce, bytes);
+        for rank in 0..2 {
+            let peer = 1 - rank;
+            // Link 0 is the one this rank opened to its right neighbour; link 1 the left's.
+            let right = &wire[&(rank, Channel::new(peer, 0))];
+            assert_eq!(
+                &right[..4],
+                b"nuvW",
+                "reduce {reduce}, {bytes} B: rank {rank}"
+            );
+            // The header, then MLX's bytes: half the vector twice for an all_sum, the block
+            // once for an all_gather.
+            assert_eq!(
+                right.len(),
+                32 + bytes,
+                "reduce {reduce}, {bytes} B: rank {rank}"
+            );
+            let left = wire.get(&(rank, Channel::new(peer, 1)));
+            assert!(
+                left.is_none_or(Vec::is_empty),
+                "reduce {reduce}, {bytes} B: rank {rank} wrote {} bytes leftward",
+                left.map_or(0, Vec::len)
+            );
+        }
+    }
+    // From 2R × 256 KiB MLX's schedule goes both ways, and so does a header.
+    let wire = wire_of(2, true, 1024 * 1024);
+    for rank in 0..2 {
+        for link in 0..2 {
+            assert_eq!(&wire[&(rank, Channel::new(1 - rank, link))][..4], b"nuvW");
+        }
+    }
+}
+
+#[test]
+fn on_more_ranks_a_collective_that_goes_one_way_still_sends_its_header_both_ways() {
+    // MLX's one way is leftward; rightward each rank writes its header alone, so that the
+    // ranks on both sides of a mismatch name it.
+    let wire = wire_of(4, true, 64 * 1024);
+    for rank in 0..4 {
+        let right = &wire[&(rank, Channel::new((rank + 1) % 4, 0))];
+        assert_eq!(
+            (&right[..4], right.len()),
+            (&b"nuvW"[..], 32),
+            "rank {rank}"
         );
     }
 }
