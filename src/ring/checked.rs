@@ -24,13 +24,13 @@
 //! one way (leftward), so the header the other way has no bytes to travel with: it goes as a
 //! packet of its own and is read by a call of its own, which cost 4–5 µs an all_sum of
 //! 32–256 KiB on 2 hosts of the emulated cluster (the README's "Performance against the
-//! link"). On two ranks both neighbours are one rank,
-//! so one header each way along the flow already lets both ranks name a mismatch; but MLX's
-//! one way is not the one the relay's step and a `send` take there (rightward), and a rank in
-//! either of those and one in a collective whose headers went only leftward would each wait on
-//! a link the other does not write. So on two ranks such a collective runs MLX's schedule
-//! turned rightward ([`Schedule::RingRightward`], which its header names), with its header
-//! only along it; every other collective keeps a header each way.
+//! link"). On two ranks both neighbours are one rank, so a header along the flow alone lets
+//! both ranks name a mismatch; but MLX's one way is not the one the relay's step and a `send`
+//! take there (rightward), and a rank in either of those and one in a collective whose header
+//! went only leftward would each wait on a link the other does not write. So on two ranks
+//! such a collective runs MLX's schedule turned rightward ([`Schedule::RingRightward`], which
+//! its header names), with its header only along it; every other collective keeps a header
+//! each way, so that on more ranks the ranks on both sides of a mismatch name it.
 
 use smallvec::SmallVec;
 
