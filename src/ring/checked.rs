@@ -102,34 +102,21 @@ impl Headers {
     /// A collective's headers: to and from link 0 of both neighbours, or, for
     /// [`Schedule::RingRightward`], to the right and from the left only.
     pub fn collective(ring: &RingTopology, ours: Fingerprint) -> Self {
-        let right = ring.channel(Side::Right, 0);
-        let left = ring.channel(Side::Left, 0);
-        if ours.schedule == Schedule::RingRightward {
-            return Self {
-                encoded: ours.encode(),
-                schedule: ours.schedule,
-                sends: [right].into_iter().collect(),
-                recvs: [(left, [0; HEADER])].into_iter().collect(),
-                expect: [Expect {
-                    ours,
-                    from: ring.left(),
-                }]
-                .into_iter()
-                .collect(),
-            };
-        }
+        let (sends, recvs): (&[Side], &[Side]) = if ours.schedule == Schedule::RingRightward {
+            (&[Side::Right], &[Side::Left])
+        } else {
+            (&[Side::Right, Side::Left], &[Side::Left, Side::Right])
+        };
+        let recvs: SmallVec<[Channel; 2]> = recvs.iter().map(|&s| ring.channel(s, 0)).collect();
         Self {
-            schedule: ours.schedule,
             encoded: ours.encode(),
-            sends: [right, left].into_iter().collect(),
-            recvs: [left, right]
-                .into_iter()
-                .map(|c| (c, [0; HEADER]))
+            schedule: ours.schedule,
+            sends: sends.iter().map(|&s| ring.channel(s, 0)).collect(),
+            expect: recvs
+                .iter()
+                .map(|c| Expect { ours, from: c.peer })
                 .collect(),
-            expect: [ring.left(), ring.right()]
-                .into_iter()
-                .map(|from| Expect { ours, from })
-                .collect(),
+            recvs: recvs.into_iter().map(|c| (c, [0; HEADER])).collect(),
         }
     }
 

@@ -409,16 +409,22 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_same_call_by_another_schedule_is_a_mismatch_that_names_both_schedules() {
+    /// The mismatch rank 0, running all_sum #4 of 65536 bytes by MLX's ring schedule, names
+    /// when rank 1 runs the same call by `schedule` (whose header reads back whole).
+    fn mismatch_by(schedule: Schedule) -> String {
         let ring = sum(4, 65536, 0);
-        let relay = Fingerprint {
-            schedule: Schedule::Relay,
+        let theirs = Fingerprint {
+            schedule,
             ..sum(4, 65536, 1)
         };
-        assert_eq!(Fingerprint::decode(&relay.encode(), 0), Some(relay));
-        assert!(!ring.matches(&relay));
-        let text = ring.mismatch(&relay);
+        assert_eq!(Fingerprint::decode(&theirs.encode(), 0), Some(theirs));
+        assert!(!ring.matches(&theirs));
+        ring.mismatch(&theirs)
+    }
+
+    #[test]
+    fn the_same_call_by_another_schedule_is_a_mismatch_that_names_both_schedules() {
+        let text = mismatch_by(Schedule::Relay);
         assert!(
             text.starts_with(
                 "rank 1 ran all_sum #4 of 65536 bytes (float32) by the relay where this rank ran \
@@ -431,14 +437,7 @@ mod tests {
 
     #[test]
     fn the_same_call_turned_rightward_by_one_build_only_names_both_schedules() {
-        let ring = sum(4, 65536, 0);
-        let rightward = Fingerprint {
-            schedule: Schedule::RingRightward,
-            ..sum(4, 65536, 1)
-        };
-        assert_eq!(Fingerprint::decode(&rightward.encode(), 0), Some(rightward));
-        assert!(!ring.matches(&rightward));
-        let text = ring.mismatch(&rightward);
+        let text = mismatch_by(Schedule::RingRightward);
         assert!(
             text.starts_with(
                 "rank 1 ran all_sum #4 of 65536 bytes (float32) by MLX's ring schedule turned \
