@@ -132,3 +132,24 @@ fn a_receive_of_another_length_than_its_send_names_the_send() {
         check(&[Call::Send(1 << 20), Call::Sum(4)], local, &[1]);
     }
 }
+
+#[test]
+fn on_four_ranks_a_one_way_collective_beside_a_send_or_a_receive_is_named_where_the_two_meet() {
+    // 1 MiB all_sums and 64 KiB-per-rank all_gathers go one way on 4 ranks, turned rightward
+    // with their header only along the flow: the rank right of a send reads the send's header,
+    // and a receive reads its left neighbour's header; the ranks beside them fail on the
+    // close.
+    let big = 1 << 18;
+    let block = 1 << 16;
+    for local in [true, false] {
+        for one_way in [Call::Sum(big), Call::Gather(block)] {
+            check(&[one_way, Call::Send(100), one_way, one_way], local, &[2]);
+            check(&[one_way, Call::Recv(100), one_way, one_way], local, &[1]);
+            check(
+                &[one_way, Call::Send(big), Call::Recv(big + 4), one_way],
+                local,
+                &[2],
+            );
+        }
+    }
+}
