@@ -119,7 +119,7 @@ impl<F: Fabric> RingCommunicator<F> {
             } else {
                 let s = reducer.element_size();
                 let plan = schedule::all_reduce_plan(len / s, s, ring.size(), ring.conns());
-                checked::ring_schedule(&plan.parts)
+                checked::ring_schedule(ring.size(), &plan.parts)
             };
             let ours = collective(ring, seq, Op::reduction(op), Some(dtype), len, schedule);
             if relayed {
@@ -166,7 +166,7 @@ impl<F: Fabric> RingCommunicator<F> {
                 Schedule::Relay
             } else {
                 let parts = schedule::all_gather_plan(input.len(), ring.conns());
-                checked::ring_schedule(&parts)
+                checked::ring_schedule(ring.size(), &parts)
             };
             let ours = collective(ring, seq, op, None, input.len(), schedule);
             if relayed {

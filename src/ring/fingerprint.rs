@@ -37,7 +37,7 @@
 //! # Schedules
 //!
 //! A collective's size picks its schedule (the relay up to a crossover, MLX's ring above it,
-//! turned rightward where it goes one way), and every rank must pick the same
+//! turned rightward on two ranks where it goes one way), and every rank must pick the same
 //! one: they move other bytes on other links. The header names the schedule, so ranks whose
 //! builds pick otherwise (another version of this crate, or a build made to measure the
 //! crossover) fail naming both schedules rather than read each other's bytes as their own.
@@ -137,9 +137,10 @@ pub enum Schedule {
     Ring,
     /// The relay of small collectives ([`relay`](super::relay)).
     Relay,
-    /// MLX's ring schedule where it moves every byte one way, turned to go rightward, the way
-    /// a `send` goes, with the header only along it (see [`checked`](super::checked)): MLX's
-    /// one way is leftward, where a header the other way would go as a packet of its own.
+    /// MLX's ring schedule where it moves every byte one way, on two ranks, turned to go
+    /// rightward, the way the relay and a `send` go there, with the header only along it (see
+    /// [`checked`](super::checked)): MLX's one way is leftward, where a header the other way
+    /// would go as a packet of its own.
     RingRightward,
 }
 

@@ -241,42 +241,33 @@ fn wire_of(ranks: usize, reduce: bool, bytes: usize) -> BTreeMap<(usize, Channel
 }
 
 #[test]
-fn a_collective_that_goes_one_way_goes_rightward_and_writes_nothing_the_other_way() {
-    // Above the relay and below 2R × 256 KiB an all_sum moves one way; an all-gather moves one
-    // way below 512 KiB per rank, and relays up to 16 KiB on 3 ranks or more (never on two).
-    for ranks in [2, 3, 4] {
-        let mut cases = vec![(true, 64 * 1024), (false, 64 * 1024)];
-        if ranks == 2 {
-            cases.push((false, 4));
-        }
-        for (reduce, bytes) in cases {
-            let wire = wire_of(ranks, reduce, bytes);
-            let case = format!("{ranks} ranks, reduce {reduce}, {bytes} B");
-            for rank in 0..ranks {
-                let right = (rank + 1) % ranks;
-                let left = (rank + ranks - 1) % ranks;
-                // Link 0 is the one this rank opened to its right neighbour; its left
-                // neighbour's is link 0 there too, or link 1 when both are one rank.
-                let rightward = &wire[&(rank, Channel::new(right, 0))];
-                assert_eq!(&rightward[..4], b"nuvW", "{case}: rank {rank}");
-                // The header, then MLX's bytes: 2(R − 1) segments of bytes / R for an all_sum,
-                // R − 1 blocks for an all_gather.
-                if bytes % ranks == 0 {
-                    let mlx = if reduce {
-                        2 * (ranks - 1) * bytes / ranks
-                    } else {
-                        (ranks - 1) * bytes
-                    };
-                    assert_eq!(rightward.len(), 32 + mlx, "{case}: rank {rank}");
-                }
-                let link = if ranks == 2 { 1 } else { 0 };
-                let leftward = wire.get(&(rank, Channel::new(left, link)));
-                assert!(
-                    leftward.is_none_or(Vec::is_empty),
-                    "{case}: rank {rank} wrote {} bytes leftward",
-                    leftward.map_or(0, Vec::len)
-                );
-            }
+fn on_two_ranks_a_collective_that_goes_one_way_goes_rightward_and_writes_nothing_the_other_way() {
+    // Above the relay and below 2R × 256 KiB an all_sum moves one way; an all-gather on two
+    // ranks never relays, and below 512 KiB per rank moves one way.
+    for (reduce, bytes) in [(true, 64 * 1024), (false, 4), (false, 64 * 1024)] {
+        let wire = wire_of(2, reduce, bytes);
+        for rank in 0..2 {
+            let peer = 1 - rank;
+            // Link 0 is the one this rank opened to its right neighbour; link 1 the left's.
+            let right = &wire[&(rank, Channel::new(peer, 0))];
+            assert_eq!(
+                &right[..4],
+                b"nuvW",
+                "reduce {reduce}, {bytes} B: rank {rank}"
+            );
+            // The header, then MLX's bytes: half the vector twice for an all_sum, the block
+            // once for an all_gather.
+            assert_eq!(
+                right.len(),
+                32 + bytes,
+                "reduce {reduce}, {bytes} B: rank {rank}"
+            );
+            let left = wire.get(&(rank, Channel::new(peer, 1)));
+            assert!(
+                left.is_none_or(Vec::is_empty),
+                "reduce {reduce}, {bytes} B: rank {rank} wrote {} bytes leftward",
+                left.map_or(0, Vec::len)
+            );
         }
     }
     // From 2R × 256 KiB MLX's schedule goes both ways, and so does a header.
@@ -285,6 +276,22 @@ fn a_collective_that_goes_one_way_goes_rightward_and_writes_nothing_the_other_wa
         for link in 0..2 {
             assert_eq!(&wire[&(rank, Channel::new(1 - rank, link))][..4], b"nuvW");
         }
+    }
+}
+
+#[test]
+fn on_more_ranks_a_collective_that_goes_one_way_still_sends_its_header_both_ways() {
+    // MLX's one way is leftward; rightward each rank writes its header alone, so that a
+    // neighbour's send to its left or receive from its right is seen at once (see
+    // `src/ring/checked.rs`).
+    let wire = wire_of(4, true, 64 * 1024);
+    for rank in 0..4 {
+        let right = &wire[&(rank, Channel::new((rank + 1) % 4, 0))];
+        assert_eq!(
+            (&right[..4], right.len()),
+            (&b"nuvW"[..], 32),
+            "rank {rank}"
+        );
     }
 }
 
@@ -297,6 +304,19 @@ enum Call {
     SendRight(usize),
     /// Receive this many bytes from the left neighbour.
     RecvLeft(usize),
+    /// Send this many bytes to the left neighbour.
+    SendLeft(usize),
+    /// Receive this many bytes from the right neighbour.
+    RecvRight(usize),
+}
+
+impl Call {
+    fn point_to_point(self) -> bool {
+        matches!(
+            self,
+            Call::SendRight(_) | Call::RecvLeft(_) | Call::SendLeft(_) | Call::RecvRight(_)
+        )
+    }
 }
 
 fn call() -> impl Strategy<Value = Call> {
@@ -310,7 +330,9 @@ fn call() -> impl Strategy<Value = Call> {
             .prop_map(|(op, dtype, n)| Call::Reduce(op, dtype, n)),
         size.clone().prop_map(Call::Gather),
         size.clone().prop_map(Call::SendRight),
-        size.prop_map(Call::RecvLeft),
+        size.clone().prop_map(Call::RecvLeft),
+        size.clone().prop_map(Call::SendLeft),
+        size.prop_map(Call::RecvRight),
     ]
 }
 
@@ -331,7 +353,7 @@ proptest! {
     ) {
         prop_assume!(common != other);
         // A pair of point-to-point calls that happen to match is not a mismatch.
-        prop_assume!(!matches!(common, Call::SendRight(_) | Call::RecvLeft(_)));
+        prop_assume!(!common.point_to_point());
         let odd: Vec<bool> = (0..ranks).map(|r| odd[r]).collect();
         prop_assume!(odd.iter().any(|&o| o) && odd.iter().any(|&o| !o));
         let calls: Vec<Call> = odd.iter().map(|&o| if o { other } else { common }).collect();
@@ -354,6 +376,11 @@ proptest! {
                     let mut got = vec![0u8; n];
                     comm.try_recv(left, &mut got).map(|()| got)
                 }
+                Call::SendLeft(n) => comm.try_send(left, &vec![4u8; n]).map(|()| Vec::new()),
+                Call::RecvRight(n) => {
+                    let mut got = vec![0u8; n];
+                    comm.try_recv(right, &mut got).map(|()| got)
+                }
             }
         });
         let (mut named, mut sent) = (0, 0);
@@ -368,7 +395,7 @@ proptest! {
                 }
                 // A send whose bytes fit in the window completes before its peer looks; it
                 // returns no data.
-                Outcome::Returned(Ok(data)) if data.is_empty() && matches!(calls[rank], Call::SendRight(_)) => sent += 1,
+                Outcome::Returned(Ok(data)) if data.is_empty() && matches!(calls[rank], Call::SendRight(_) | Call::SendLeft(_)) => sent += 1,
                 other => prop_assert!(false, "rank {rank} ({:?}) returned {other:?}; calls {calls:?}; {}", calls[rank], report.replay()),
             }
         }
