@@ -62,7 +62,9 @@ fn run(calls: &[Call], local: bool) -> Vec<(Result<Vec<u8>, String>, Duration)> 
                 comm.try_recv(right, &mut got).map(|()| got)
             }
         };
-        // A rank leaves as a program would after its error (closing its links).
+        // A rank goes on as a program would: dropping its handle leaves the links open
+        // (nuvec-core keeps every group of the process), as a rank whose call returned keeps
+        // them; a rank that failed on the nuvec wire has closed them itself.
         drop(group);
         (result.map_err(|e: Error| e.to_string()), started.elapsed())
     })
