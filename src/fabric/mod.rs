@@ -570,6 +570,18 @@ pub trait Fabric {
     /// operations to aim a fault at the k-th one.
     fn begin_operation(&mut self) {}
 
+    /// The operation under way sends on `channels` in a step after the next one run: their
+    /// peers cannot have finished it without those bytes, so one that closes such a channel
+    /// has failed or left early, and a step waiting on other links fails at once rather than
+    /// wait for its deadline (a neighbour whose `send` returned keeps its links open and
+    /// writes nothing more, so only the close of a rank further round can end the wait). An
+    /// algorithm says it before each step of an operation, with no channel before its last;
+    /// [`begin_operation`](Fabric::begin_operation) forgets it. A peer that left after its
+    /// last operation closes only channels no later step needs. The default ignores it.
+    fn sends_later(&mut self, channels: &[Channel]) {
+        let _ = channels;
+    }
+
     /// The Unix time, in µs, of [`Fabric::now`]'s zero, when the fabric fixes it. The flight
     /// recorder turns the fabric's clock into Unix time with it; `None` (the default): from one
     /// reading of the wall clock at a group's first operation. The simulator fixes one for all
@@ -622,6 +634,9 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     fn begin_operation(&mut self) {
         (**self).begin_operation()
     }
+    fn sends_later(&mut self, channels: &[Channel]) {
+        (**self).sends_later(channels)
+    }
     fn epoch_us(&self) -> Option<u64> {
         (**self).epoch_us()
     }
@@ -663,6 +678,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn begin_operation(&mut self) {
         (**self).begin_operation()
+    }
+    fn sends_later(&mut self, channels: &[Channel]) {
+        (**self).sends_later(channels)
     }
     fn epoch_us(&self) -> Option<u64> {
         (**self).epoch_us()

@@ -82,6 +82,22 @@ fn channels(ring: &RingTopology, part: &Part) -> (Channel, Channel) {
     }
 }
 
+/// The channels `parts` send on, for [`Fabric::sends_later`] before a step that is not the
+/// operation's last (every step of MLX's ring sends on each part's channel); none before the
+/// last.
+fn sends_later(ring: &RingTopology, parts: &[Part], later: bool) -> SmallVec<[Channel; 4]> {
+    let mut to: SmallVec<[Channel; 4]> = SmallVec::new();
+    if later {
+        for part in parts {
+            let channel = channels(ring, part).0;
+            if !to.contains(&channel) {
+                to.push(channel);
+            }
+        }
+    }
+    to
+}
+
 /// Splits `buf` into the disjoint `ranges` (in any order; empty ranges anywhere) and returns
 /// the slices in the order of `ranges`.
 ///
@@ -200,7 +216,9 @@ fn sub_reduces<F: Fabric + ?Sized>(
 ) -> Result<(), FabricError> {
     let (rank, ranks) = (ring.rank(), ring.size());
     let s = reducer.element_size();
-    for t in 0..all_reduce_steps(ranks) {
+    let steps = all_reduce_steps(ranks);
+    for t in 0..steps {
+        fabric.sends_later(&sends_later(ring, parts, t + 1 < steps));
         let first = headers.take();
         let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
         let mut phase = Phase::Copy;
@@ -290,6 +308,7 @@ fn forwarded_reduces<F: Fabric + ?Sized>(
         return Ok(());
     }
     for (first, phase) in [(0, Phase::Reduce), (half, Phase::Copy)] {
+        fabric.sends_later(&sends_later(ring, parts, phase == Phase::Reduce));
         // Per part: the segment of the phase's first send, then those of its receives.
         let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
         for part in parts {
@@ -358,7 +377,9 @@ pub fn all_gather<F: Fabric + ?Sized>(
     if fabric.forwards() {
         return forwarded_gather(fabric, ring, output, n, &parts, headers, deadline);
     }
-    for t in 0..ranks.saturating_sub(1) {
+    let steps = ranks.saturating_sub(1);
+    for t in 0..steps {
+        fabric.sends_later(&sends_later(ring, &parts, t + 1 < steps));
         let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
         for part in &parts {
             let (sent, received) = all_gather_step(rank, ranks, part.flow, t);

@@ -33,7 +33,7 @@ use super::checked::Expect;
 use super::fingerprint::{Fingerprint, HEADER};
 use super::schedule::Side;
 use crate::collective::reduce::Reducer;
-use crate::fabric::{Fabric, FabricError, Landing, Transfer};
+use crate::fabric::{Channel, Fabric, FabricError, Landing, Transfer};
 
 /// The largest all-reduce, in bytes per rank, that the relay takes.
 ///
@@ -210,7 +210,17 @@ fn relay<F: Fabric + ?Sized>(
     headers.resize(HEADER * ranks, 0);
     headers[rank * HEADER..(rank + 1) * HEADER].copy_from_slice(&ours.encode());
     let span = |o: usize, size: usize| -> Range<usize> { o * size..(o + 1) * size };
-    for moves in plan(rank, ranks) {
+    let steps = plan(rank, ranks);
+    for (t, moves) in steps.iter().enumerate() {
+        // The links later steps send on (see `Fabric::sends_later`).
+        let mut later: SmallVec<[Channel; 2]> = SmallVec::new();
+        for m in steps[t + 1..].iter().flat_map(|s| &s.sends) {
+            let channel = ring.channel(m.side, 0);
+            if !later.contains(&channel) {
+                later.push(channel);
+            }
+        }
+        fabric.sends_later(&later);
         // One slice per distinct origin: both sends of step 1 may read this rank's vector.
         let mut origins: SmallVec<[usize; 4]> = SmallVec::new();
         for m in moves.sends.iter().chain(&moves.recvs) {

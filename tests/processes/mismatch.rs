@@ -158,3 +158,21 @@ fn on_four_ranks_a_one_way_collective_beside_a_receive_from_either_side_is_named
         }
     }
 }
+
+#[test]
+fn a_collective_beside_a_send_that_returned_fails_at_once_when_a_rank_further_round_closes() {
+    // The send fits in its link's buffer and returns; its rank goes on with its links open,
+    // so the collective's rank on its left waits for bytes the sender never writes. The rank
+    // right of the sender names both calls and closes its links, and the ranks round the ring
+    // from it close theirs: the waiting rank still has bytes to send to its left neighbour
+    // in a later step of MLX's ring, so that close fails it at once, not at its deadline.
+    for local in [true, false] {
+        for collective in [Call::Sum(1 << 18), Call::Gather(1 << 16)] {
+            check(
+                &[collective, Call::Send(100), collective, collective],
+                local,
+                &[2],
+            );
+        }
+    }
+}

@@ -149,6 +149,9 @@ pub struct TcpFabric {
     link_timeout: Duration,
     /// When a waiting step last looked at the health of every link.
     links_checked: Duration,
+    /// The channels the operation under way sends on in a later step ([`Fabric::sends_later`]):
+    /// a peer that closes one of them has failed.
+    later: smallvec::SmallVec<[Channel; 4]>,
 }
 
 impl std::fmt::Debug for TcpFabric {
@@ -280,6 +283,7 @@ impl TcpFabric {
             native: Vec::new(),
             link_timeout: DEFAULT_LINK_TIMEOUT,
             links_checked: Duration::ZERO,
+            later: smallvec::SmallVec::new(),
         })
     }
 
@@ -929,6 +933,15 @@ impl Fabric for TcpFabric {
         self.watch.set_patience(patience);
     }
 
+    fn begin_operation(&mut self) {
+        self.later.clear();
+    }
+
+    fn sends_later(&mut self, channels: &[Channel]) {
+        self.later.clear();
+        self.later.extend_from_slice(channels);
+    }
+
     fn probe(&mut self) -> Vec<(usize, String)> {
         let mut down = Vec::new();
         for (peer, row) in self.links.iter_mut().enumerate() {
@@ -1177,7 +1190,16 @@ impl TcpFabric {
                 // A peek returns the connection's hard error only (a reset, the kernel giving
                 // up), where `SO_ERROR` also returns a soft one, such as the "no route to
                 // host" of a glitch the connection survives. The end of a stream is left to
-                // the step that reads it: a peer may leave after its last operation.
+                // the step that reads it: a peer may leave after its last operation, unless
+                // this operation still sends to it, in this step or a later one (`later`):
+                // then it failed.
+                let channel = Channel::new(peer, link);
+                let needed = self.later.contains(&channel)
+                    || step.iter().zip(progress).any(|(t, p)| {
+                        t.channel() == channel
+                            && t.direction() == Direction::Send
+                            && p.done < t.len()
+                    });
                 let mut byte = [0u8; 1];
                 let kind = match l.stream.peek(&mut byte) {
                     Err(e)
@@ -1188,13 +1210,16 @@ impl TcpFabric {
                     {
                         Some(kind_of(&e, limit))
                     }
+                    // A local link's stream ends when its peer closes it; `gone` when a drain
+                    // of its doorbells met the end.
+                    Ok(0) if needed => Some(FailureKind::Closed),
+                    _ if needed && l.local.is_some() && l.gone => Some(FailureKind::Closed),
                     _ => (liveness::silent(&l.stream, limit) == Some(true))
                         .then_some(FailureKind::Silent { limit }),
                 };
                 let Some(kind) = kind else {
                     continue;
                 };
-                let channel = Channel::new(peer, link);
                 let open = step
                     .iter()
                     .zip(progress)
@@ -1208,9 +1233,14 @@ impl TcpFabric {
                         total: t.len(),
                         kind,
                     },
+                    // A later step's send, when the operation still needs the link.
                     None => FabricError {
                         channel,
-                        direction: Direction::Recv,
+                        direction: if needed {
+                            Direction::Send
+                        } else {
+                            Direction::Recv
+                        },
                         done: 0,
                         total: 0,
                         kind,
