@@ -570,12 +570,13 @@ pub trait Fabric {
     /// operations to aim a fault at the k-th one.
     fn begin_operation(&mut self) {}
 
-    /// The operation under way sends on `channels` in a step after the next one run: their
-    /// peers cannot have finished it without those bytes, so one that closes such a channel
-    /// has failed or left early, and a step waiting on other links fails at once rather than
-    /// wait for its deadline (a neighbour whose `send` returned keeps its links open and
-    /// writes nothing more, so only the close of a rank further round can end the wait). An
-    /// algorithm says it before each step of an operation, with no channel before its last;
+    /// The operation under way sends bytes on `channels` in a step after the next one run:
+    /// their peers cannot have finished it without those bytes, so one that closes such a
+    /// channel has failed, and the step under way fails at its next look at the links' health
+    /// (over TCP, within half a second), whatever links it waits on, rather than wait for its
+    /// deadline (a neighbour whose `send` returned keeps its links open and writes nothing
+    /// more, so only the close of a rank further round can end the wait). An algorithm says it
+    /// before each step of an operation, with no channel before its last;
     /// [`begin_operation`](Fabric::begin_operation) forgets it. A peer that left after its
     /// last operation closes only channels no later step needs. The default ignores it.
     fn sends_later(&mut self, channels: &[Channel]) {

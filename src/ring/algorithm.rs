@@ -83,8 +83,9 @@ fn channels(ring: &RingTopology, part: &Part) -> (Channel, Channel) {
 }
 
 /// The channels `parts` send on, for [`Fabric::sends_later`] before a step that is not the
-/// operation's last (every step of MLX's ring sends on each part's channel); none before the
-/// last.
+/// operation's last (every step of MLX's ring sends on each part's channel; where a later
+/// segment is empty, so is the receive before it, and the step does not wait); none before
+/// the last.
 fn sends_later(ring: &RingTopology, parts: &[Part], later: bool) -> SmallVec<[Channel; 4]> {
     let mut to: SmallVec<[Channel; 4]> = SmallVec::new();
     if later {

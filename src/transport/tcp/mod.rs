@@ -1208,7 +1208,10 @@ impl TcpFabric {
                             io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
                         ) =>
                     {
-                        Some(kind_of(&e, limit))
+                        // A local link's peer that left after its last operation with a
+                        // doorbell of ours unread resets the stream: an end like another.
+                        let kind = kind_of(&e, limit);
+                        (needed || l.local.is_none() || kind != FailureKind::Closed).then_some(kind)
                     }
                     // A local link's stream ends when its peer closes it; `gone` when a drain
                     // of its doorbells met the end.
