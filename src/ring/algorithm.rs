@@ -82,21 +82,22 @@ fn channels(ring: &RingTopology, part: &Part) -> (Channel, Channel) {
     }
 }
 
-/// The channels `parts` send on, for [`Fabric::sends_later`] before a step that is not the
-/// operation's last (every step of MLX's ring sends on each part's channel; where a later
-/// segment is empty, so is the receive before it, and the step does not wait); none before
-/// the last.
-fn sends_later(ring: &RingTopology, parts: &[Part], later: bool) -> SmallVec<[Channel; 4]> {
-    let mut to: SmallVec<[Channel; 4]> = SmallVec::new();
-    if later {
-        for part in parts {
-            let channel = channels(ring, part).0;
-            if !to.contains(&channel) {
-                to.push(channel);
-            }
+/// Each of `channels` once, for [`Fabric::sends_later`].
+pub(crate) fn distinct(channels: impl IntoIterator<Item = Channel>) -> SmallVec<[Channel; 4]> {
+    let mut once: SmallVec<[Channel; 4]> = SmallVec::new();
+    for channel in channels {
+        if !once.contains(&channel) {
+            once.push(channel);
         }
     }
-    to
+    once
+}
+
+/// The channels `parts` send on: every step of MLX's ring sends on each part's channel, so
+/// they are what [`Fabric::sends_later`] is told before every step but the last (where a
+/// later segment is empty, so is the receive before it, and the step does not wait).
+fn send_channels(ring: &RingTopology, parts: &[Part]) -> SmallVec<[Channel; 4]> {
+    distinct(parts.iter().map(|part| channels(ring, part).0))
 }
 
 /// Splits `buf` into the disjoint `ranges` (in any order; empty ranges anywhere) and returns
@@ -218,8 +219,9 @@ fn sub_reduces<F: Fabric + ?Sized>(
     let (rank, ranks) = (ring.rank(), ring.size());
     let s = reducer.element_size();
     let steps = all_reduce_steps(ranks);
+    let to = send_channels(ring, parts);
     for t in 0..steps {
-        fabric.sends_later(&sends_later(ring, parts, t + 1 < steps));
+        fabric.sends_later(if t + 1 < steps { &to } else { &[] });
         let first = headers.take();
         let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
         let mut phase = Phase::Copy;
@@ -308,8 +310,10 @@ fn forwarded_reduces<F: Fabric + ?Sized>(
         // One rank: nothing to send, as a step per segment sends nothing.
         return Ok(());
     }
+    let to = send_channels(ring, parts);
     for (first, phase) in [(0, Phase::Reduce), (half, Phase::Copy)] {
-        fabric.sends_later(&sends_later(ring, parts, phase == Phase::Reduce));
+        // The reduce-scatter is followed by the all-gather, on the same channels.
+        fabric.sends_later(if phase == Phase::Reduce { &to } else { &[] });
         // Per part: the segment of the phase's first send, then those of its receives.
         let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
         for part in parts {
@@ -379,8 +383,9 @@ pub fn all_gather<F: Fabric + ?Sized>(
         return forwarded_gather(fabric, ring, output, n, &parts, headers, deadline);
     }
     let steps = ranks.saturating_sub(1);
+    let to = send_channels(ring, &parts);
     for t in 0..steps {
-        fabric.sends_later(&sends_later(ring, &parts, t + 1 < steps));
+        fabric.sends_later(if t + 1 < steps { &to } else { &[] });
         let mut ranges: SmallVec<[Range<usize>; 8]> = SmallVec::new();
         for part in &parts {
             let (sent, received) = all_gather_step(rank, ranks, part.flow, t);

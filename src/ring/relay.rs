@@ -28,12 +28,12 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::RingTopology;
-use super::algorithm::carve;
+use super::algorithm::{carve, distinct};
 use super::checked::Expect;
 use super::fingerprint::{Fingerprint, HEADER};
 use super::schedule::Side;
 use crate::collective::reduce::Reducer;
-use crate::fabric::{Channel, Fabric, FabricError, Landing, Transfer};
+use crate::fabric::{Fabric, FabricError, Landing, Transfer};
 
 /// The largest all-reduce, in bytes per rank, that the relay takes.
 ///
@@ -213,14 +213,8 @@ fn relay<F: Fabric + ?Sized>(
     let steps = plan(rank, ranks);
     for (t, moves) in steps.iter().enumerate() {
         // The links later steps send on (see `Fabric::sends_later`).
-        let mut later: SmallVec<[Channel; 2]> = SmallVec::new();
-        for m in steps[t + 1..].iter().flat_map(|s| &s.sends) {
-            let channel = ring.channel(m.side, 0);
-            if !later.contains(&channel) {
-                later.push(channel);
-            }
-        }
-        fabric.sends_later(&later);
+        let later = steps[t + 1..].iter().flat_map(|s| &s.sends);
+        fabric.sends_later(&distinct(later.map(|m| ring.channel(m.side, 0))));
         // One slice per distinct origin: both sends of step 1 may read this rank's vector.
         let mut origins: SmallVec<[usize; 4]> = SmallVec::new();
         for m in moves.sends.iter().chain(&moves.recvs) {
