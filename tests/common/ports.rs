@@ -1,107 +1,155 @@
-//! Free loopback addresses for test rings.
+//! Free loopback addresses for test rings, each held until a rank takes it.
 //!
-//! A port found by binding port 0 and releasing it comes from the kernel's ephemeral range,
-//! the range every outgoing connection also takes its source port from: a test running in
-//! parallel that connects anywhere can be given that port before the rank listens on it, and
-//! the rank then fails with "Address already in use". So the ports handed out here come from
-//! below the ephemeral range, where the kernel never picks one by itself, one after another
-//! from a counter of this process (no two tests of a binary get the same port), starting at
-//! an offset drawn from the process id (binaries run side by side start apart), each checked
-//! free for TCP and UDP (the nuvec wire's probe binds UDP on the ring's port) before it is
-//! handed out. Where the ephemeral range leaves too little room below it, the kernel's choice
-//! of port 0 is used, as before.
+//! A port found free and released before a rank listens on it can be taken in between: by the
+//! kernel, for another socket's `bind` to port 0 or a `connect`'s source port, when the port
+//! lies in the ephemeral range (which on some machines starts as low as 1024); or by another
+//! process's allocator. The rank then fails with "Address already in use". So every port
+//! handed out here stays held: a TCP socket bound to `127.0.0.1:port` with `SO_REUSEADDR`,
+//! never listening. On Linux the kernel gives a bound port to no `bind` to port 0 and to no
+//! `connect`, while a socket that sets `SO_REUSEADDR` itself (this crate's ranks and MLX's
+//! do) can still bind there, on loopback or the wildcard, and listen.
+//!
+//! A port counts as free when a TCP socket without `SO_REUSEADDR` can bind it (which another
+//! allocator's hold, a listener and a connection in `TIME_WAIT` all refuse) and a UDP socket
+//! can too (the nuvec wire's probe binds UDP on the ring's port); that first socket becomes
+//! the hold, so there is no moment between the check and the hold. The ports come from
+//! outside the ephemeral range where it leaves room (below it from [`LOWEST`], and above it),
+//! one after another from a counter of this process, starting at an offset drawn from the
+//! process id (binaries run side by side start apart). The holds of the last [`HELD`] ports
+//! are kept: an older job's ranks have long bound theirs.
 
-use std::net::{TcpListener, UdpSocket};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::VecDeque;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::{LazyLock, Mutex, PoisonError};
+
+use socket2::{Domain, Protocol, Socket, Type};
 
 /// The lowest port handed out (above the well-known and most registered services' ports).
 const LOWEST: u32 = 12_000;
 
-/// The fewest ports below the ephemeral range for this allocator to be used.
+/// The fewest ports outside the ephemeral range for the allocator to keep to them (else it
+/// uses every port from [`LOWEST`]: the holds still keep the kernel off them).
 const ROOM: u32 = 4_000;
 
-/// How many ports of the range have been handed out (or skipped) by this process.
-static NEXT: AtomicU32 = AtomicU32::new(0);
+/// How many of the latest ports stay held.
+const HELD: usize = 256;
 
-/// The first port of the kernel's ephemeral range (Linux's default when it cannot be read).
-fn ephemeral_start() -> u32 {
+/// The ports this process hands out from, and the holds of the latest.
+struct Allocator {
+    /// Half-open ranges of ports, in order.
+    ranges: Vec<(u32, u32)>,
+    /// How many ports of the ranges have been handed out (or skipped).
+    next: u32,
+    /// Where this process starts in the ranges.
+    offset: u32,
+    /// The holds, oldest first.
+    held: VecDeque<Socket>,
+}
+
+static ALLOCATOR: LazyLock<Mutex<Allocator>> = LazyLock::new(|| Mutex::new(Allocator::new()));
+
+/// The kernel's ephemeral range, both ends included (Linux's default when it cannot be read).
+fn ephemeral() -> (u32, u32) {
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768)
+        .and_then(|s| {
+            let mut ends = s.split_whitespace().map(|e| e.parse().ok());
+            Some((ends.next()??, ends.next()??))
+        })
+        .unwrap_or((32_768, 60_999))
 }
 
-/// Whether `port` can be bound on loopback now, for TCP and UDP.
-fn free(port: u16) -> bool {
-    TcpListener::bind(("127.0.0.1", port)).is_ok() && UdpSocket::bind(("127.0.0.1", port)).is_ok()
+/// A hold on `port` if it is free (see the module documentation), else `None`.
+fn hold(port: u16) -> Option<Socket> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).ok()?;
+    socket.bind(&addr.into()).ok()?;
+    UdpSocket::bind(addr).ok()?;
+    socket.set_reuse_address(true).ok()?;
+    Some(socket)
 }
 
-/// `n` consecutive loopback ports, each free when checked, none handed out before by this
-/// process, below the ephemeral range (see the module documentation); `None` where that range
-/// leaves too little room.
-fn below_ephemeral(n: u32) -> Option<u16> {
-    let end = ephemeral_start();
-    let room = end.checked_sub(LOWEST).filter(|&r| r >= ROOM)?;
-    let offset = (std::process::id().wrapping_mul(7919)) % room;
-    for _ in 0..room / n.max(1) {
-        let at = NEXT.fetch_add(n, Ordering::Relaxed);
-        let first = (offset + at) % room;
-        if first + n > room {
-            continue;
-        }
-        let base = LOWEST + first;
-        let ports: Vec<u16> = (base..base + n)
-            .filter_map(|p| u16::try_from(p).ok())
+impl Allocator {
+    fn new() -> Self {
+        let (low, high) = ephemeral();
+        let outside: Vec<(u32, u32)> = [(LOWEST, low), (high + 1, 65_536)]
+            .into_iter()
+            .filter(|&(a, b)| b > a)
             .collect();
-        if ports.len() == n as usize && ports.iter().all(|&p| free(p)) {
-            return ports.first().copied();
+        let room: u32 = outside.iter().map(|&(a, b)| b - a).sum();
+        let ranges = if room >= ROOM {
+            outside
+        } else {
+            vec![(LOWEST, 65_536)]
+        };
+        let size: u32 = ranges.iter().map(|&(a, b)| b - a).sum();
+        Self {
+            ranges,
+            next: 0,
+            offset: std::process::id().wrapping_mul(7919) % size,
+            held: VecDeque::new(),
         }
     }
-    None
+
+    /// The port at `index` of the ranges taken end to end, and how many ports follow it in
+    /// its range (itself included).
+    fn at(&self, mut index: u32) -> (u32, u32) {
+        for &(a, b) in &self.ranges {
+            if index < b - a {
+                return (a + index, b - a - index);
+            }
+            index -= b - a;
+        }
+        unreachable!("an index within the ranges")
+    }
+
+    /// `n` consecutive ports, each free and now held, none handed out before by this process.
+    fn take(&mut self, n: u32) -> u16 {
+        let size: u32 = self.ranges.iter().map(|&(a, b)| b - a).sum();
+        for _ in 0..size / n.max(1) {
+            let first = (self.offset + self.next) % size;
+            self.next += n;
+            let (base, left) = self.at(first);
+            if left < n {
+                continue;
+            }
+            let holds: Option<Vec<Socket>> = (base..base + n)
+                .map(|p| hold(u16::try_from(p).ok()?))
+                .collect();
+            if let Some(holds) = holds {
+                self.held.extend(holds);
+                while self.held.len() > HELD {
+                    self.held.pop_front();
+                }
+                return u16::try_from(base).expect("a port");
+            }
+        }
+        panic!("no {n} consecutive free loopback ports from {LOWEST}");
+    }
 }
 
-/// One free loopback port: below the ephemeral range, or else the kernel's choice.
-fn port() -> u16 {
-    below_ephemeral(1).unwrap_or_else(|| {
-        TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("bind a loopback port")
-            .port()
-    })
+/// `n` consecutive free loopback ports, held (see the module documentation).
+fn take(n: u32) -> u16 {
+    ALLOCATOR
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take(n)
 }
 
-/// `ranks` entries of `conns` free loopback addresses each, as MLX's hostfile lists them. The
-/// ports are checked free and then released, so another process could still take one in
-/// between (see the module documentation for why that is rare); tests retry nothing, so a
-/// collision shows as a setup error naming the address.
+/// `ranks` entries of `conns` free loopback addresses each, as MLX's hostfile lists them,
+/// every port held until a rank binds it (see the module documentation).
 pub fn free_nodes(ranks: usize, conns: usize) -> Vec<Vec<String>> {
     (0..ranks)
         .map(|_| {
             (0..conns)
-                .map(|_| format!("127.0.0.1:{}", port()))
+                .map(|_| format!("127.0.0.1:{}", take(1)))
                 .collect()
         })
         .collect()
 }
 
 /// `n` consecutive free loopback ports, for `nuvec-launch --starting-port` (which gives rank
-/// r the port `start + r`), found as [`free_nodes`]'s (all released before returning).
+/// r the port `start + r`), held as [`free_nodes`]'s.
 pub fn consecutive(n: u16) -> u16 {
-    if let Some(base) = below_ephemeral(u32::from(n)) {
-        return base;
-    }
-    for _ in 0..100 {
-        let first = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-        let base = first.local_addr().expect("address").port();
-        if u32::from(base) + u32::from(n) > 65535 {
-            continue;
-        }
-        let rest: Result<Vec<TcpListener>, _> = (1..n)
-            .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if rest.is_ok() {
-            return base;
-        }
-    }
-    panic!("no {n} consecutive free loopback ports");
+    take(u32::from(n))
 }
