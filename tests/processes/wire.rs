@@ -1,17 +1,17 @@
 //! The nuvec wire's negotiation over real sockets on loopback, the ranks as threads: which
 //! wire a job of this crate's ranks agrees on (the probe without a key, the handshake with
 //! one), a rank asked for MLX's wire, a job asked for the nuvec wire that cannot have it, a
-//! stranger's datagrams, and a UDP port that answers nothing.
+//! stranger's datagrams, a UDP port that answers nothing, and a peer that answers late.
 
 use crate::common::ports;
 use crate::common::rank_threads;
 
-use std::net::UdpSocket;
+use std::net::{TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nuvec_core::DType;
-use nuvec_distributed::internals::tcp::probe::{Datagram, QUIET, job_identity};
+use nuvec_distributed::internals::tcp::probe::{Datagram, PATIENCE, QUIET, WAIT, job_identity};
 use nuvec_distributed::reduce::Reduction;
 use nuvec_distributed::{Error, Options, RingGroup, Wire, WireChoice, connect_ring};
 
@@ -207,6 +207,69 @@ fn a_udp_port_that_answers_nothing_costs_the_probes_wait_and_leaves_the_job_mlx(
     drop(silent);
     assert_eq!(got, vec![Wire::Mlx; 2]);
     assert!(took >= Duration::from_millis(60), "setup took {took:?}");
+}
+
+#[test]
+fn a_udp_port_that_answers_nothing_fails_a_job_that_requires_the_nuvec_wire_after_its_patience() {
+    let nodes = ports::free_nodes(2, 1);
+    // As above: rank 0's probe of rank 1 goes unanswered, as behind a firewall.
+    let silent = UdpSocket::bind(&nodes[1][0]).expect("rank 1's UDP port");
+    let started = Instant::now();
+    let groups = rank_threads::run(2, |rank| {
+        connect_ring(&nodes, rank, &options(WireChoice::Nuvec))
+    });
+    let took = started.elapsed();
+    drop(silent);
+    for (rank, group) in groups.iter().enumerate() {
+        let text = match group {
+            Ok(_) => panic!("rank {rank} formed a group without the nuvec wire"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            text.contains("NUVEC_DISTRIBUTED_WIRE=nuvec") && text.contains("rank 1"),
+            "rank {rank}: {text}"
+        );
+    }
+    assert!(took >= PATIENCE, "setup failed after {took:?}");
+}
+
+#[test]
+fn a_rank_that_requires_the_nuvec_wire_probes_on_past_a_peer_that_answers_late() {
+    // Rank 0's place is taken first by this test, as by a rank of this crate stalled after it
+    // began listening (a loaded host): a UDP socket that reads probes and answers none, and a
+    // TCP listener. Rank 1 (the last rank, which connects before it accepts) requires the
+    // nuvec wire, so it must not connect on MLX's wire after one probe's wait: it probes on,
+    // and once the real rank 0 takes its place, the job speaks the nuvec wire.
+    let nodes = ports::free_nodes(2, 1);
+    let place = &nodes[0][0];
+    let udp = UdpSocket::bind(place).expect("rank 0's UDP port");
+    udp.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    let tcp = TcpListener::bind(place).expect("rank 0's TCP port");
+    tcp.set_nonblocking(true).expect("a non-blocking listener");
+    std::thread::scope(|s| {
+        let rank1 = s.spawn(|| connect_ring(&nodes, 1, &options(WireChoice::Nuvec)));
+        let mut buf = [0u8; 64];
+        udp.recv(&mut buf).expect("rank 1's first probe");
+        let first = Instant::now();
+        let mut probes = 1;
+        while first.elapsed() < 3 * WAIT {
+            if udp.recv(&mut buf).is_ok() {
+                probes += 1;
+            }
+        }
+        match tcp.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => {
+                panic!("rank 1 connected to a peer that answered none of its probes: {other:?}")
+            }
+        }
+        assert!(probes > 3, "rank 1 sent {probes} probes in {:?}", 3 * WAIT);
+        drop((udp, tcp));
+        let rank0 = connect_ring(&nodes, 0, &options(WireChoice::Nuvec));
+        let rank1 = rank1.join().expect("rank 1");
+        assert_eq!(wires(vec![rank0, rank1]), vec![Wire::Nuvec; 2]);
+    });
 }
 
 #[test]

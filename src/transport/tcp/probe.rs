@@ -82,8 +82,13 @@
 //! What is left: an opener stalled between its refusal and its connect call, or a link whose
 //! round trip exceeds [`QUIET`] / 2 (after [`FRESH_TRIES`] stale refusals it connects anyway),
 //! can still meet an acceptor that came up meanwhile. The opener logs it; that link and so the
-//! job speak MLX's wire (correct, but not the faster wire; a job asked for the nuvec wire fails
-//! naming the link). The quiet time is what setup pays: every rank waits it at once.
+//! job speak MLX's wire (correct, but not the faster wire). The quiet time is what setup pays:
+//! every rank waits it at once.
+//!
+//! An opener that *requires* the nuvec wire (`=nuvec`) would fail its job there, and on a
+//! loaded host a peer may also answer later than [`WAIT`]. So it keeps probing, for up to
+//! [`PATIENCE`], while its probes time out or are refused too late to count; a refusal in time
+//! (the acceptor is up and does not answer: an MLX rank) still settles at once.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -110,6 +115,12 @@ pub const WAIT: Duration = Duration::from_millis(60);
 pub const QUIET: Duration = Duration::from_millis(5);
 /// How many probes an opener makes, at most, while their refusals come too late to count.
 pub const FRESH_TRIES: u32 = 3;
+/// How long an opener that requires the nuvec wire (`=nuvec`) keeps probing while its probes
+/// go unanswered or are refused too late to count, before it connects on MLX's wire (and the
+/// job then fails, naming the link): a peer stalled for longer than [`WAIT`] (a loaded host)
+/// must not fail a job that asked for the nuvec wire, while a peer that refuses at once (an MLX
+/// rank) still fails it at once.
+pub const PATIENCE: Duration = Duration::from_secs(2);
 
 const PROBE: u8 = 1;
 const ANSWER: u8 = 2;

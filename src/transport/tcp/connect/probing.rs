@@ -162,7 +162,9 @@ impl Driver<'_> {
     /// [`timed_probe`](Self::timed_probe), probed again (up to [`probe::FRESH_TRIES`] times in
     /// all) while a refusal came [`probe::QUIET`] / 2 or more after the probe began: such a
     /// refusal may be older than the acceptor's quiet time, so a connect after it could reach
-    /// an acceptor that came up meanwhile (see `probe`). `started`: when the last probe began.
+    /// an acceptor that came up meanwhile (see `probe`). A rank that requires the nuvec wire
+    /// probes again for up to [`probe::PATIENCE`] instead, after a late refusal and after no
+    /// answer alike. `started`: when the last probe began.
     fn fresh_probe(
         &mut self,
         link: usize,
@@ -170,17 +172,30 @@ impl Driver<'_> {
         port: u16,
         started: &mut Instant,
     ) -> Outcome {
+        let required = self.choice == Some(WireChoice::Nuvec);
+        let first = Instant::now();
         let mut tries = 0;
         loop {
             *started = Instant::now();
             let outcome = self.timed_probe(link, to, port);
             tries += 1;
-            if outcome != Outcome::Refused
-                || started.elapsed() < probe::QUIET / 2
-                || tries >= probe::FRESH_TRIES
-            {
+            let settled = match outcome {
+                Outcome::Answered => true,
+                Outcome::Refused => started.elapsed() < probe::QUIET / 2,
+                Outcome::TimedOut => false,
+            };
+            let again = if required {
+                first.elapsed() < probe::PATIENCE
+            } else {
+                outcome == Outcome::Refused && tries < probe::FRESH_TRIES
+            };
+            if settled || !again {
                 return outcome;
             }
+            self.log.debug(format_args!(
+                "probe of {to} (connection {link}) {outcome:?} after {:?}: probing again",
+                started.elapsed()
+            ));
         }
     }
 
