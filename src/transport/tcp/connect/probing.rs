@@ -163,16 +163,19 @@ impl Driver<'_> {
     /// all) while a refusal came [`probe::QUIET`] / 2 or more after the probe began: such a
     /// refusal may be older than the acceptor's quiet time, so a connect after it could reach
     /// an acceptor that came up meanwhile (see `probe`). A rank that requires the nuvec wire
-    /// probes again for up to [`probe::PATIENCE`] instead, after a late refusal and after no
-    /// answer alike. `started`: when the last probe began.
+    /// probes again for up to [`probe::PATIENCE`] instead (no longer than `within`, what is
+    /// left of the setup's time), after a late refusal and after no answer alike. `started`:
+    /// when the last probe began.
     fn fresh_probe(
         &mut self,
         link: usize,
         to: SocketAddr,
         port: u16,
         started: &mut Instant,
+        within: Duration,
     ) -> Outcome {
         let required = self.choice == Some(WireChoice::Nuvec);
+        let patience = probe::PATIENCE.min(within);
         let first = Instant::now();
         let mut tries = 0;
         loop {
@@ -185,7 +188,7 @@ impl Driver<'_> {
                 Outcome::TimedOut => false,
             };
             let again = if required {
-                first.elapsed() < probe::PATIENCE
+                first.elapsed() < patience
             } else {
                 outcome == Outcome::Refused && tries < probe::FRESH_TRIES
             };
@@ -307,7 +310,7 @@ impl Driver<'_> {
         let (socket, port, native) = match (probing, port) {
             (false, _) => (socket, port, self.opened_unprobed()),
             (true, None) => (socket, None, Err(NotNative::NoPort)),
-            (true, Some(port)) => match self.fresh_probe(link, *addr, port, &mut probed) {
+            (true, Some(port)) => match self.fresh_probe(link, *addr, port, &mut probed, within) {
                 Outcome::Answered => (socket, Some(port), Ok(())),
                 Outcome::Refused => (socket, Some(port), Err(NotNative::Refused)),
                 Outcome::TimedOut => {
