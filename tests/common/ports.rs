@@ -3,11 +3,14 @@
 //! A port found free and released before a rank listens on it can be taken in between: by the
 //! kernel, for another socket's `bind` to port 0 or a `connect`'s source port, when the port
 //! lies in the ephemeral range (which on some machines starts as low as 1024); or by another
-//! process's allocator. The rank then fails with "Address already in use". So every port
-//! handed out here stays held: a TCP socket bound to `127.0.0.1:port` with `SO_REUSEADDR`,
-//! never listening. On Linux the kernel gives a bound port to no `bind` to port 0 and to no
+//! process's allocator. The rank then fails with "Address already in use". So on Linux every
+//! port handed out here stays held: a TCP socket bound to `127.0.0.1:port` with
+//! `SO_REUSEADDR`, never listening. Linux gives a bound port to no `bind` to port 0 and to no
 //! `connect`, while a socket that sets `SO_REUSEADDR` itself (this crate's ranks and MLX's
-//! do) can still bind there, on loopback or the wildcard, and listen.
+//! do) can still bind there, on loopback or the wildcard, and listen. (Elsewhere the check's
+//! socket is closed at once: BSD's `SO_REUSEADDR` lets no second socket bind the same address
+//! and port.) The UDP port is checked, never held: the probe's socket binds it without
+//! `SO_REUSEADDR`.
 //!
 //! A port counts as free when a TCP socket without `SO_REUSEADDR` can bind it (which another
 //! allocator's hold, a listener and a connection in `TIME_WAIT` all refuse) and a UDP socket
@@ -28,7 +31,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 const LOWEST: u32 = 12_000;
 
 /// The fewest ports outside the ephemeral range for the allocator to keep to them (else it
-/// uses every port from [`LOWEST`]: the holds still keep the kernel off them).
+/// uses every port from [`LOWEST`]: on Linux the holds still keep the kernel off their TCP
+/// ports).
 const ROOM: u32 = 4_000;
 
 /// How many of the latest ports stay held.
@@ -48,25 +52,35 @@ struct Allocator {
 
 static ALLOCATOR: LazyLock<Mutex<Allocator>> = LazyLock::new(|| Mutex::new(Allocator::new()));
 
-/// The kernel's ephemeral range, both ends included (Linux's default when it cannot be read).
+/// The kernel's ephemeral range, both ends included (the system's default where it cannot be
+/// read).
 fn ephemeral() -> (u32, u32) {
+    let default = if cfg!(target_os = "linux") {
+        (32_768, 60_999)
+    } else {
+        (49_152, 65_535)
+    };
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| {
             let mut ends = s.split_whitespace().map(|e| e.parse().ok());
             Some((ends.next()??, ends.next()??))
         })
-        .unwrap_or((32_768, 60_999))
+        .unwrap_or(default)
 }
 
-/// A hold on `port` if it is free (see the module documentation), else `None`.
-fn hold(port: u16) -> Option<Socket> {
+/// A hold on `port` if it is free (see the module documentation), else `None`; off Linux,
+/// nothing is held (`Some(None)`).
+fn hold(port: u16) -> Option<Option<Socket>> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).ok()?;
     socket.bind(&addr.into()).ok()?;
     UdpSocket::bind(addr).ok()?;
+    if !cfg!(target_os = "linux") {
+        return Some(None);
+    }
     socket.set_reuse_address(true).ok()?;
-    Some(socket)
+    Some(Some(socket))
 }
 
 impl Allocator {
@@ -113,11 +127,11 @@ impl Allocator {
             if left < n {
                 continue;
             }
-            let holds: Option<Vec<Socket>> = (base..base + n)
+            let holds: Option<Vec<Option<Socket>>> = (base..base + n)
                 .map(|p| hold(u16::try_from(p).ok()?))
                 .collect();
             if let Some(holds) = holds {
-                self.held.extend(holds);
+                self.held.extend(holds.into_iter().flatten());
                 while self.held.len() > HELD {
                     self.held.pop_front();
                 }

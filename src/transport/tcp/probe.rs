@@ -87,8 +87,9 @@
 //!
 //! An opener that *requires* the nuvec wire (`=nuvec`) would fail its job there, and on a
 //! loaded host a peer may also answer later than [`WAIT`]. So it keeps probing, for up to
-//! [`PATIENCE`], while its probes time out or are refused too late to count; a refusal in time
-//! (the acceptor is up and does not answer: an MLX rank) still settles at once.
+//! [`PATIENCE`] per connection, while its probes time out or are refused too late to count; a
+//! refusal in time (within [`QUIET`] / 2 of the probe: the acceptor is up and does not answer,
+//! an MLX rank) still settles at once.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

@@ -163,9 +163,9 @@ impl Driver<'_> {
     /// all) while a refusal came [`probe::QUIET`] / 2 or more after the probe began: such a
     /// refusal may be older than the acceptor's quiet time, so a connect after it could reach
     /// an acceptor that came up meanwhile (see `probe`). A rank that requires the nuvec wire
-    /// probes again for up to [`probe::PATIENCE`] instead (no longer than `within`, what is
-    /// left of the setup's time), after a late refusal and after no answer alike. `started`:
-    /// when the last probe began.
+    /// probes again instead, after a late refusal and after no answer alike, starting no probe
+    /// that could end later than [`probe::PATIENCE`] (or `within`, the attempt's time) after
+    /// the first began. `started`: when the last probe began.
     fn fresh_probe(
         &mut self,
         link: usize,
@@ -188,7 +188,7 @@ impl Driver<'_> {
                 Outcome::TimedOut => false,
             };
             let again = if required {
-                first.elapsed() < patience
+                first.elapsed() + probe::WAIT < patience
             } else {
                 outcome == Outcome::Refused && tries < probe::FRESH_TRIES
             };
@@ -304,7 +304,8 @@ impl Driver<'_> {
         };
         let socket = tcp()?;
         let port = bind_like_connect(&socket, addr);
-        let mut probed = Instant::now();
+        let began = Instant::now();
+        let mut probed = began;
         // Held, still bound, until the new socket connects, so that its port differs.
         let mut old = None;
         let (socket, port, native) = match (probing, port) {
@@ -328,7 +329,9 @@ impl Driver<'_> {
         } else {
             None
         };
-        socket.connect_timeout(&SockAddr::from(*addr), within)?;
+        // The probes' time comes out of the attempt's (a probe's wait at least is left).
+        let left = within.saturating_sub(began.elapsed()).max(probe::WAIT);
+        socket.connect_timeout(&SockAddr::from(*addr), left)?;
         drop(old);
         if native == Err(NotNative::Refused) && probed.elapsed() >= probe::QUIET {
             // The acceptor may have come up between the refusal and this connect (see
