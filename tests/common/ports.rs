@@ -83,6 +83,11 @@ fn hold(port: u16) -> Option<Option<Socket>> {
     Some(Some(socket))
 }
 
+/// How many ports `ranges` hold.
+fn count(ranges: &[(u32, u32)]) -> u32 {
+    ranges.iter().map(|&(a, b)| b - a).sum()
+}
+
 impl Allocator {
     fn new() -> Self {
         let (low, high) = ephemeral();
@@ -90,17 +95,15 @@ impl Allocator {
             .into_iter()
             .filter(|&(a, b)| b > a)
             .collect();
-        let room: u32 = outside.iter().map(|&(a, b)| b - a).sum();
-        let ranges = if room >= ROOM {
+        let ranges = if count(&outside) >= ROOM {
             outside
         } else {
             vec![(LOWEST, 65_536)]
         };
-        let size: u32 = ranges.iter().map(|&(a, b)| b - a).sum();
         Self {
+            offset: std::process::id().wrapping_mul(7919) % count(&ranges),
             ranges,
             next: 0,
-            offset: std::process::id().wrapping_mul(7919) % size,
             held: VecDeque::new(),
         }
     }
@@ -119,7 +122,7 @@ impl Allocator {
 
     /// `n` consecutive ports, each free and now held, none handed out before by this process.
     fn take(&mut self, n: u32) -> u16 {
-        let size: u32 = self.ranges.iter().map(|&(a, b)| b - a).sum();
+        let size = count(&self.ranges);
         for _ in 0..size / n.max(1) {
             let first = (self.offset + self.next) % size;
             self.next += n;

@@ -194,34 +194,29 @@ fn a_strangers_datagrams_do_not_break_setup() {
     assert_eq!(wires(groups), vec![Wire::Nuvec; 3]);
 }
 
-#[test]
-fn a_udp_port_that_answers_nothing_costs_the_probes_wait_and_leaves_the_job_mlx() {
+/// Connects a ring of 2 with `options` while something else holds rank 1's UDP port and reads
+/// nothing: rank 1 cannot bind it, and rank 0's probe goes unanswered, as behind a firewall
+/// that drops UDP. Every rank's group, and how long setup took.
+fn behind_a_silent_udp_port(options: &Options) -> (Vec<Result<RingGroup, Error>>, Duration) {
     let nodes = ports::free_nodes(2, 1);
-    // Something else holds rank 1's UDP port and reads nothing: rank 1 cannot bind it, and
-    // rank 0's probe goes unanswered, as behind a firewall that drops UDP.
     let silent = UdpSocket::bind(&nodes[1][0]).expect("rank 1's UDP port");
     let started = Instant::now();
-    let groups = rank_threads::run(2, |rank| {
-        connect_ring(&nodes, rank, &options(WireChoice::Auto).verbose(true))
-    });
+    let groups = rank_threads::run(2, |rank| connect_ring(&nodes, rank, options));
     let took = started.elapsed();
-    let got = wires(groups);
     drop(silent);
-    assert_eq!(got, vec![Wire::Mlx; 2]);
+    (groups, took)
+}
+
+#[test]
+fn a_udp_port_that_answers_nothing_costs_the_probes_wait_and_leaves_the_job_mlx() {
+    let (groups, took) = behind_a_silent_udp_port(&options(WireChoice::Auto).verbose(true));
+    assert_eq!(wires(groups), vec![Wire::Mlx; 2]);
     assert!(took >= Duration::from_millis(60), "setup took {took:?}");
 }
 
 #[test]
 fn a_udp_port_that_answers_nothing_fails_a_job_that_requires_the_nuvec_wire_after_its_patience() {
-    let nodes = ports::free_nodes(2, 1);
-    // As above: rank 0's probe of rank 1 goes unanswered, as behind a firewall.
-    let silent = UdpSocket::bind(&nodes[1][0]).expect("rank 1's UDP port");
-    let started = Instant::now();
-    let groups = rank_threads::run(2, |rank| {
-        connect_ring(&nodes, rank, &options(WireChoice::Nuvec))
-    });
-    let took = started.elapsed();
-    drop(silent);
+    let (groups, took) = behind_a_silent_udp_port(&options(WireChoice::Nuvec));
     for (rank, group) in groups.iter().enumerate() {
         let text = match group {
             Ok(_) => panic!("rank {rank} formed a group without the nuvec wire"),

@@ -164,19 +164,17 @@ impl Driver<'_> {
     /// refusal may be older than the acceptor's quiet time, so a connect after it could reach
     /// an acceptor that came up meanwhile (see `probe`). A rank that requires the nuvec wire
     /// probes again instead, after a late refusal and after no answer alike, starting no probe
-    /// that could end later than [`probe::PATIENCE`] (or `within`, the attempt's time) after
-    /// the first began. `started`: when the last probe began.
+    /// that could end after `patience` (when its [`probe::PATIENCE`], or the attempt's time,
+    /// runs out). `started`: when the last probe began.
     fn fresh_probe(
         &mut self,
         link: usize,
         to: SocketAddr,
         port: u16,
         started: &mut Instant,
-        within: Duration,
+        patience: Instant,
     ) -> Outcome {
         let required = self.choice == Some(WireChoice::Nuvec);
-        let patience = probe::PATIENCE.min(within);
-        let first = Instant::now();
         let mut tries = 0;
         loop {
             *started = Instant::now();
@@ -188,7 +186,7 @@ impl Driver<'_> {
                 Outcome::TimedOut => false,
             };
             let again = if required {
-                first.elapsed() + probe::WAIT < patience
+                Instant::now() + probe::WAIT < patience
             } else {
                 outcome == Outcome::Refused && tries < probe::FRESH_TRIES
             };
@@ -305,24 +303,27 @@ impl Driver<'_> {
         let socket = tcp()?;
         let port = bind_like_connect(&socket, addr);
         let began = Instant::now();
+        let patience = began + probe::PATIENCE.min(within);
         let mut probed = began;
         // Held, still bound, until the new socket connects, so that its port differs.
         let mut old = None;
         let (socket, port, native) = match (probing, port) {
             (false, _) => (socket, port, self.opened_unprobed()),
             (true, None) => (socket, None, Err(NotNative::NoPort)),
-            (true, Some(port)) => match self.fresh_probe(link, *addr, port, &mut probed, within) {
-                Outcome::Answered => (socket, Some(port), Ok(())),
-                Outcome::Refused => (socket, Some(port), Err(NotNative::Refused)),
-                Outcome::TimedOut => {
-                    // An answer may be on its way: the acceptor must not count this
-                    // connection as the one it answered, so it comes from another port.
-                    let fresh = tcp()?;
-                    let fresh_port = bind_like_connect(&fresh, addr);
-                    old = Some(socket);
-                    (fresh, fresh_port, Err(NotNative::TimedOut))
+            (true, Some(port)) => {
+                match self.fresh_probe(link, *addr, port, &mut probed, patience) {
+                    Outcome::Answered => (socket, Some(port), Ok(())),
+                    Outcome::Refused => (socket, Some(port), Err(NotNative::Refused)),
+                    Outcome::TimedOut => {
+                        // An answer may be on its way: the acceptor must not count this
+                        // connection as the one it answered, so it comes from another port.
+                        let fresh = tcp()?;
+                        let fresh_port = bind_like_connect(&fresh, addr);
+                        old = Some(socket);
+                        (fresh, fresh_port, Err(NotNative::TimedOut))
+                    }
                 }
-            },
+            }
         };
         let proposal = if local {
             port.and_then(|port| local::propose(*addr, port))
