@@ -41,8 +41,9 @@ struct State<F, S> {
     history: std::collections::VecDeque<(u64, &'static str, Duration)>,
     /// After a failure: one line per peer, when and in which operation it was last heard.
     diagnosis: Vec<String>,
-    /// Whether a failure releases the fabric (and with it the links) at once, so that peers
-    /// waiting for this rank fail too (the nuvec wire) instead of waiting for their deadline.
+    /// Whether a failure tells the peers ([`Fabric::tell_failed`]) and releases the fabric
+    /// (and with it the links) at once, so that peers waiting for this rank, or for a rank
+    /// that waits in turn, fail too (the nuvec wire) instead of waiting for their deadline.
     close_on_failure: bool,
     /// The flight recorder's record of this group (`None`: off).
     record: Option<Record>,
@@ -225,8 +226,11 @@ impl<F: Fabric, S> State<F, S> {
                 record.end(Some(&error), now);
                 record::dump_on_failure();
             }
-            if self.close_on_failure {
-                self.fabric = None;
+            if self.close_on_failure
+                && let Some(mut fabric) = self.fabric.take()
+            {
+                // Peers waiting on other links learn it too, then the links close.
+                fabric.tell_failed();
             }
             return Err(error);
         }

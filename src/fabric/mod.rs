@@ -444,6 +444,14 @@ pub enum FailureKind {
     /// another size); the text names both calls.
     #[error("{0}")]
     Mismatch(String),
+    /// On the nuvec wire: the peer's group failed, and it said so on this link before it
+    /// closed its links ([`Fabric::tell_failed`]), whatever the link was carrying. The peer's
+    /// own error says why; this rank cannot finish the operation without it.
+    #[error(
+        "the peer failed and left the group (it said so before it closed its links; its own \
+         error says why)"
+    )]
+    PeerFailed,
     /// The link went silent: the peer's kernel acknowledged nothing (no sent byte, no
     /// keepalive probe) for the link timeout, as a cut cable or a dead host does; a peer
     /// that is only slow or stopped still acknowledges.
@@ -583,6 +591,15 @@ pub trait Fabric {
         let _ = channels;
     }
 
+    /// This rank's group has failed and is about to close its links: tell every peer so at
+    /// once, on every link, whatever the link was carrying, so that a peer waiting for other
+    /// bytes (from a rank that will never send them) fails with
+    /// [`FailureKind::PeerFailed`] at its next look at its links' health, instead of at its
+    /// deadline. Only the nuvec wire calls it (MLX's wire never carries a byte MLX would not
+    /// send); a fabric that cannot say it out of band ignores it (the default, the simulator,
+    /// RDMA).
+    fn tell_failed(&mut self) {}
+
     /// The Unix time, in µs, of [`Fabric::now`]'s zero, when the fabric fixes it. The flight
     /// recorder turns the fabric's clock into Unix time with it; `None` (the default): from one
     /// reading of the wall clock at a group's first operation. The simulator fixes one for all
@@ -638,6 +655,9 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     fn sends_later(&mut self, channels: &[Channel]) {
         (**self).sends_later(channels)
     }
+    fn tell_failed(&mut self) {
+        (**self).tell_failed()
+    }
     fn epoch_us(&self) -> Option<u64> {
         (**self).epoch_us()
     }
@@ -682,6 +702,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn sends_later(&mut self, channels: &[Channel]) {
         (**self).sends_later(channels)
+    }
+    fn tell_failed(&mut self) {
+        (**self).tell_failed()
     }
     fn epoch_us(&self) -> Option<u64> {
         (**self).epoch_us()

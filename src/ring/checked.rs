@@ -16,7 +16,9 @@
 //!
 //! Every collective exchanges headers with both neighbours, so ranks whose calls differ find it
 //! on both sides of every boundary between them; a rank further away fails when a neighbour that
-//! found it closes its links (the communicator closes them after any failure on the nuvec wire).
+//! found it tells it so and closes its links (the communicator does both after any failure on
+//! the nuvec wire: [`Fabric::tell_failed`](crate::fabric::Fabric::tell_failed)), whatever link
+//! it waits on.
 //!
 //! # Two ranks
 //!

@@ -21,6 +21,8 @@ enum Call {
     Gather(usize),
     /// `send` of this many bytes to the right neighbour.
     Send(usize),
+    /// `send` of this many bytes to the left neighbour.
+    SendLeft(usize),
     /// `recv` of this many bytes from the left neighbour.
     Recv(usize),
     /// `recv` of this many bytes from the right neighbour.
@@ -53,6 +55,7 @@ fn run(calls: &[Call], local: bool) -> Vec<(Result<Vec<u8>, String>, Duration)> 
                 comm.try_all_gather(&vec![1u8; n], &mut out).map(|()| out)
             }
             Call::Send(n) => comm.try_send(right, &vec![2u8; n]).map(|()| Vec::new()),
+            Call::SendLeft(n) => comm.try_send(left, &vec![2u8; n]).map(|()| Vec::new()),
             Call::Recv(n) => {
                 let mut got = vec![0u8; n];
                 comm.try_recv(left, &mut got).map(|()| got)
@@ -86,7 +89,7 @@ fn check(calls: &[Call], local: bool, seeing: &[usize]) {
                 }
             }
             Ok(data) => assert!(
-                data.is_empty() && matches!(calls[rank], Call::Send(_)),
+                data.is_empty() && matches!(calls[rank], Call::Send(_) | Call::SendLeft(_)),
                 "{what}"
             ),
         }
@@ -174,5 +177,44 @@ fn a_collective_beside_a_send_that_returned_fails_at_once_when_a_rank_further_ro
                 &[2],
             );
         }
+    }
+}
+
+#[test]
+fn ranks_that_wait_on_a_neighbour_whose_send_returned_fail_when_a_rank_that_failed_tells_them() {
+    // The send fits in its link's buffer and returns, and its rank goes on with its links open;
+    // a rank waiting for its bytes has no link on which a later step of its own sends, so the
+    // closes alone would leave it waiting for its deadline. The rank that names both calls
+    // tells every peer, out of band, before it closes its links, and so does every rank that
+    // fails because of it: the relay on 3 ranks (one step) and on 4 (by pairs), and a
+    // collective going one way beside a send to the left.
+    let small = 4;
+    let one_way = 1 << 14;
+    for local in [true, false] {
+        check(
+            &[Call::Sum(small), Call::Send(100), Call::Sum(small)],
+            local,
+            &[2],
+        );
+        check(
+            &[
+                Call::Sum(small),
+                Call::Send(100),
+                Call::Sum(small),
+                Call::Sum(small),
+            ],
+            local,
+            &[2],
+        );
+        check(
+            &[
+                Call::Sum(one_way),
+                Call::SendLeft(100),
+                Call::Sum(one_way),
+                Call::Sum(one_way),
+            ],
+            local,
+            &[0],
+        );
     }
 }

@@ -63,6 +63,7 @@ pub mod auth;
 mod connect;
 mod liveness;
 mod local;
+mod notice;
 pub mod probe;
 mod scratch;
 pub mod setup;
@@ -110,13 +111,16 @@ struct Link {
     gone: bool,
     /// A local link's doorbells were not all read: see [`Bells::Left`].
     bells_left: bool,
+    /// A local link's peer rang with [`notice::FAILED`]: it failed (see [`notice`]).
+    told: bool,
 }
 
 impl Link {
-    /// Takes what a [`drain`] of this local link's doorbells left.
-    fn ring(&mut self, bells: Bells) {
+    /// Takes what a [`drain`] of this local link's doorbells found.
+    fn ring(&mut self, (bells, told): (Bells, bool)) {
         self.bells_left = bells == Bells::Left;
         self.gone |= bells == Bells::Gone;
+        self.told |= told;
     }
 }
 
@@ -264,6 +268,7 @@ impl TcpFabric {
                     local,
                     gone: false,
                     bells_left: false,
+                    told: false,
                 });
             }
             links.push(row);
@@ -876,20 +881,25 @@ enum Bells {
     Gone,
 }
 
-/// Reads a local link's doorbells, at most [`DRAIN`] bytes of them.
-fn drain(stream: &mio::net::TcpStream) -> Bells {
+/// Reads a local link's doorbells, at most [`DRAIN`] bytes of them; and whether one of them
+/// was the peer's notice that it failed ([`notice::FAILED`]).
+fn drain(stream: &mio::net::TcpStream) -> (Bells, bool) {
     let mut bells = [0u8; 256];
     let mut read = 0;
+    let mut told = false;
     while read < DRAIN {
         match io::Read::read(&mut &*stream, &mut bells) {
-            Ok(0) => return Bells::Gone,
-            Ok(n) => read += n,
+            Ok(0) => return (Bells::Gone, told),
+            Ok(n) => {
+                read += n;
+                told |= bells[..n].contains(&notice::FAILED);
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Bells::Read,
-            Err(_) => return Bells::Gone,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (Bells::Read, told),
+            Err(_) => return (Bells::Gone, told),
         }
     }
-    Bells::Left
+    (Bells::Left, told)
 }
 
 impl Fabric for TcpFabric {
@@ -940,6 +950,14 @@ impl Fabric for TcpFabric {
     fn sends_later(&mut self, channels: &[Channel]) {
         self.later.clear();
         self.later.extend_from_slice(channels);
+    }
+
+    /// One byte on every link: urgent data on a TCP link, a doorbell of its own on a local
+    /// link (`transport/tcp/notice.rs`).
+    fn tell_failed(&mut self) {
+        for l in self.links.iter().flatten() {
+            notice::tell(&l.stream, l.local.is_some());
+        }
     }
 
     fn probe(&mut self) -> Vec<(usize, String)> {
@@ -1181,8 +1199,9 @@ impl TcpFabric {
         any
     }
 
-    /// The first link found failed or silent (see [`liveness`]), as the failure of `step`'s
-    /// open transfer on it (receives first), or of the link alone when `step` has none there.
+    /// The first link found failed, silent (see [`liveness`]) or whose peer told it that it
+    /// failed (see [`notice`]), as the failure of `step`'s open transfer on it (receives
+    /// first), or of the link alone when `step` has none there.
     fn check_links(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Option<FabricError> {
         let limit = self.link_timeout;
         for (peer, row) in self.links.iter().enumerate() {
@@ -1202,6 +1221,10 @@ impl TcpFabric {
                     });
                 let mut byte = [0u8; 1];
                 let kind = match l.stream.peek(&mut byte) {
+                    // The peer failed and said so, whatever the stream holds (see `notice`).
+                    _ if l.told || (l.local.is_none() && notice::told(&l.stream)) => {
+                        Some(FailureKind::PeerFailed)
+                    }
                     Err(e)
                         if !matches!(
                             e.kind(),
@@ -2152,5 +2175,61 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+    }
+
+    /// Rank 0's step, waiting on rank 2 only, against rank 1's notice that it failed: the
+    /// step fails naming rank 1 at its next look at the links, long before its deadline, and
+    /// while rank 1 still holds its link open.
+    #[test]
+    fn a_peer_that_says_it_failed_fails_a_step_that_waits_on_another_link_naming_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        let to_one = TcpStream::connect(address).expect("connect");
+        let (one, _) = listener.accept().expect("accept");
+        let to_two = TcpStream::connect(address).expect("connect");
+        let (_two, _) = listener.accept().expect("accept");
+        let mut zero =
+            TcpFabric::from_streams(0, vec![vec![], vec![to_one], vec![to_two]]).expect("rank 0");
+        let mut one = TcpFabric::from_streams(1, vec![vec![one], vec![], vec![]]).expect("rank 1");
+        one.tell_failed();
+        let mut buf = [0u8; 8];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(2, 0),
+            landing: Landing::Into(&mut buf),
+        }];
+        let started = Instant::now();
+        let deadline = zero.now() + Duration::from_secs(30);
+        let e = zero.run(&mut step, deadline).expect_err("rank 1 failed");
+        assert_eq!(e.kind, FailureKind::PeerFailed, "{e}");
+        assert_eq!(e.peer(), 1, "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(one);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_local_link_whose_peer_says_it_failed_fails_a_waiting_receive_before_the_deadline() {
+        let (mut zero, mut one) = local_pair();
+        one.tell_failed();
+        let mut buf = [0u8; 8];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(1, 0),
+            landing: Landing::Into(&mut buf),
+        }];
+        let started = Instant::now();
+        let deadline = zero.now() + Duration::from_secs(30);
+        let e = zero.run(&mut step, deadline).expect_err("rank 1 failed");
+        assert_eq!(e.kind, FailureKind::PeerFailed, "{e}");
+        assert_eq!(e.peer(), 1, "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(one);
     }
 }
