@@ -212,12 +212,20 @@ impl<F: Fabric, S> State<F, S> {
                 source: Box::new(source),
                 unreachable,
             };
-            log.error(format_args!("{error}"));
             let now = fabric.now();
             let Some(fabric) = self.fabric.as_ref() else {
                 return Err(error);
             };
             self.diagnosis = self.diagnose(fabric, rank, now);
+            if self.close_on_failure
+                && let Some(mut fabric) = self.fabric.take()
+            {
+                // Peers waiting on other links learn it too, then the links close: before
+                // anything slower (the log, the flight record's file), after the look at the
+                // links above (peers answering the notice would blur which were unreachable).
+                fabric.tell_failed();
+            }
+            log.error(format_args!("{error}"));
             for line in &self.diagnosis {
                 log.error(format_args!("{line}"));
             }
@@ -225,12 +233,6 @@ impl<F: Fabric, S> State<F, S> {
             if let Some(record) = self.record.as_mut() {
                 record.end(Some(&error), now);
                 record::dump_on_failure();
-            }
-            if self.close_on_failure
-                && let Some(mut fabric) = self.fabric.take()
-            {
-                // Peers waiting on other links learn it too, then the links close.
-                fabric.tell_failed();
             }
             return Err(error);
         }

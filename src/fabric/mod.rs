@@ -444,14 +444,18 @@ pub enum FailureKind {
     /// another size); the text names both calls.
     #[error("{0}")]
     Mismatch(String),
-    /// On the nuvec wire: the peer's group failed, and it said so on this link before it
-    /// closed its links ([`Fabric::tell_failed`]), whatever the link was carrying. The peer's
-    /// own error says why; this rank cannot finish the operation without it.
+    /// On the nuvec wire: rank `rank`'s group failed, and it said so before it closed its
+    /// links ([`Fabric::tell_failed`]) while this rank's step waited, with nothing moving, on
+    /// the transfer the error names. The telling rank's own error says why; this rank's
+    /// operation cannot end well without it.
     #[error(
-        "the peer failed and left the group (it said so before it closed its links; its own \
+        "rank {rank} failed and left the group (it said so before it closed its links; its own \
          error says why)"
     )]
-    PeerFailed,
+    PeerFailed {
+        /// The rank that said it failed.
+        rank: usize,
+    },
     /// The link went silent: the peer's kernel acknowledged nothing (no sent byte, no
     /// keepalive probe) for the link timeout, as a cut cable or a dead host does; a peer
     /// that is only slow or stopped still acknowledges.
@@ -591,13 +595,13 @@ pub trait Fabric {
         let _ = channels;
     }
 
-    /// This rank's group has failed and is about to close its links: tell every peer so at
-    /// once, on every link, whatever the link was carrying, so that a peer waiting for other
-    /// bytes (from a rank that will never send them) fails with
-    /// [`FailureKind::PeerFailed`] at its next look at its links' health, instead of at its
-    /// deadline. Only the nuvec wire calls it (MLX's wire never carries a byte MLX would not
-    /// send); a fabric that cannot say it out of band ignores it (the default, the simulator,
-    /// RDMA).
+    /// This rank's group has failed and is about to close its links: tell the peers so at
+    /// once, on the links where the notice cannot be taken for the operation's bytes, so that
+    /// a peer waiting for other bytes (from a rank that will never send them) fails with
+    /// [`FailureKind::PeerFailed`] when it looks at its links' health, instead of at its
+    /// deadline. Best effort: a link that cannot take the notice now only closes. Only the
+    /// nuvec wire calls it (MLX's wire never carries a byte MLX would not send); a fabric that
+    /// has no such notice ignores it (the default, the simulator, RDMA).
     fn tell_failed(&mut self) {}
 
     /// The Unix time, in µs, of [`Fabric::now`]'s zero, when the fabric fixes it. The flight

@@ -74,8 +74,13 @@ fn run(calls: &[Call], local: bool) -> Vec<(Result<Vec<u8>, String>, Duration)> 
 }
 
 /// Checks that no rank returned data or waited long, and that one of the ranks of `seeing`
-/// (those that receive a differing call's header) named both calls.
-fn check(calls: &[Call], local: bool, seeing: &[usize]) {
+/// (those that receive a differing call's header) named both calls; returns every rank's
+/// outcome.
+fn check(
+    calls: &[Call],
+    local: bool,
+    seeing: &[usize],
+) -> Vec<(Result<Vec<u8>, String>, Duration)> {
     let outcomes = run(calls, local);
     let mut named = Vec::new();
     for (rank, (result, took)) in outcomes.iter().enumerate() {
@@ -99,6 +104,7 @@ fn check(calls: &[Call], local: bool, seeing: &[usize]) {
         !named.is_empty(),
         "local links {local}, calls {calls:?}: no rank named both calls: {outcomes:?}"
     );
+    outcomes
 }
 
 #[test]
@@ -191,10 +197,15 @@ fn ranks_that_wait_on_a_neighbour_whose_send_returned_fail_when_a_rank_that_fail
     let small = 4;
     let one_way = 1 << 14;
     for local in [true, false] {
-        check(
-            &[Call::Sum(small), Call::Send(100), Call::Sum(small)],
-            local,
-            &[2],
+        // On 3 ranks rank 2 names both calls; rank 0, waiting for rank 1, hears only rank 2's
+        // notice (rank 2 owes it nothing, so its close alone would not fail rank 0), and says
+        // both: whom it waited for and who failed.
+        let calls = [Call::Sum(small), Call::Send(100), Call::Sum(small)];
+        let outcomes = check(&calls, local, &[2]);
+        assert!(
+            matches!(&outcomes[0].0, Err(text) if text.contains("receiving from rank 1 link 0")
+                && text.contains("rank 2 failed and left the group")),
+            "local links {local}: {outcomes:?}"
         );
         check(
             &[

@@ -111,7 +111,8 @@ struct Link {
     gone: bool,
     /// A local link's doorbells were not all read: see [`Bells::Left`].
     bells_left: bool,
-    /// A local link's peer rang with [`notice::FAILED`]: it failed (see [`notice`]).
+    /// The peer said it failed (see [`notice`]): a local link's doorbell [`notice::FAILED`],
+    /// or a TCP link's urgent byte found by [`Fabric::probe`].
     told: bool,
 }
 
@@ -153,9 +154,16 @@ pub struct TcpFabric {
     link_timeout: Duration,
     /// When a waiting step last looked at the health of every link.
     links_checked: Duration,
+    /// Whether the poll reported something (an error, a link's end, a peer's notice) that the
+    /// next look at the links' health should not wait for [`liveness::CHECK_EVERY`] to see.
+    look_now: bool,
     /// The channels the operation under way sends on in a later step ([`Fabric::sends_later`]):
     /// a peer that closes one of them has failed.
     later: smallvec::SmallVec<[Channel; 4]>,
+    /// The channels whose sends the last failed step left unfinished: with `later`, the links
+    /// on which a peer still waits for bytes of this rank's operation, where a failed rank's
+    /// notice is not written (see [`Fabric::tell_failed`]).
+    torn: smallvec::SmallVec<[Channel; 4]>,
 }
 
 impl std::fmt::Debug for TcpFabric {
@@ -255,11 +263,8 @@ impl TcpFabric {
                 connect::tune(&stream, DEFAULT_LINK_TIMEOUT)?;
                 stream.set_nonblocking(true)?;
                 let mut stream = mio::net::TcpStream::from_std(stream);
-                poll.registry().register(
-                    &mut stream,
-                    Token(token),
-                    Interest::READABLE | Interest::WRITABLE,
-                )?;
+                poll.registry()
+                    .register(&mut stream, Token(token), LINK_INTEREST)?;
                 token += 1;
                 tokens.push((p, row.len()));
                 row.push(Link {
@@ -288,7 +293,9 @@ impl TcpFabric {
             native: Vec::new(),
             link_timeout: DEFAULT_LINK_TIMEOUT,
             links_checked: Duration::ZERO,
+            look_now: false,
             later: smallvec::SmallVec::new(),
+            torn: smallvec::SmallVec::new(),
         })
     }
 
@@ -851,6 +858,30 @@ fn pump(
     Ok(moved)
 }
 
+/// What the poll reports of each link: its bytes both ways and, where the poll can say it,
+/// urgent data (a failed peer's notice, see `notice`), so that a waiting step looks at the
+/// links at once rather than at its next periodic look.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const LINK_INTEREST: Interest = Interest::READABLE
+    .add(Interest::WRITABLE)
+    .add(Interest::PRIORITY);
+/// What the poll reports of each link: its bytes both ways (kqueue does not report urgent
+/// data, so a failed peer's notice waits for the periodic look).
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+const LINK_INTEREST: Interest = Interest::READABLE.add(Interest::WRITABLE);
+
+/// Whether `event` reports urgent data: a peer's notice that it failed (see `notice`).
+fn told(event: &mio::event::Event) -> bool {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let urgent = event.is_priority();
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let urgent = {
+        let _ = event;
+        false
+    };
+    urgent
+}
+
 /// Wakes the peer of a local link, parked on its end of `stream`: one byte. A full socket
 /// buffer means bytes the peer has not read yet, which wake it as well. An error means the
 /// peer cannot be woken any more (it reset the connection).
@@ -954,9 +985,21 @@ impl Fabric for TcpFabric {
 
     /// One byte on every link: urgent data on a TCP link, a doorbell of its own on a local
     /// link (`transport/tcp/notice.rs`).
+    ///
+    /// Not on a TCP link on which the operation still owes bytes (a send the failure left
+    /// unfinished, or one of a later step): its peer, waiting for them, reads the link and
+    /// meets its end; and should a middlebox clear the urgent flag and put the byte in the
+    /// stream, it can only land where the peer expects the next operation's header, which its
+    /// checksum refuses, never among the data it returns.
     fn tell_failed(&mut self) {
-        for l in self.links.iter().flatten() {
-            notice::tell(&l.stream, l.local.is_some());
+        for (peer, row) in self.links.iter().enumerate() {
+            for (link, l) in row.iter().enumerate() {
+                let channel = Channel::new(peer, link);
+                let owed = self.later.contains(&channel) || self.torn.contains(&channel);
+                if l.local.is_some() || !owed {
+                    notice::tell(&l.stream, l.local.is_some());
+                }
+            }
         }
     }
 
@@ -986,6 +1029,13 @@ impl Fabric for TcpFabric {
                     Ok(Some(e)) => Some(e.to_string()),
                     _ => None,
                 });
+                // A peer that said it failed (kept: the byte is read once).
+                l.told |= l.local.is_none() && notice::told(&l.stream);
+                let state = if l.told {
+                    Some(FailureKind::PeerFailed { rank: peer }.to_string())
+                } else {
+                    state
+                };
                 if let Some(what) = state {
                     down.push((peer, format!("link {link}: {what}")));
                     break;
@@ -1007,14 +1057,25 @@ impl Fabric for TcpFabric {
 impl TcpFabric {
     /// [`Fabric::run`] but for telling the watch that the group failed.
     fn step(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+        self.torn.clear();
         let started = self.now();
         let forwards = self.forwards();
         for (i, t) in step.iter().enumerate() {
             let c = t.channel();
-            if c.link >= self.links(c.peer) {
-                return Err(t.invalid(format!("rank {} has no channel {c}", self.rank)));
+            let invalid = if c.link >= self.links(c.peer) {
+                Some(format!("rank {} has no channel {c}", self.rank))
+            } else {
+                Transfer::check_in(step, i, forwards).err()
+            };
+            if let Some(what) = invalid {
+                // Nothing moved: every send of the step is owed.
+                self.torn.extend(
+                    step.iter()
+                        .filter(|t| t.direction() == Direction::Send)
+                        .map(Transfer::channel),
+                );
+                return Err(t.invalid(what));
             }
-            Transfer::check_in(step, i, forwards).map_err(|what| t.invalid(what))?;
         }
         // Room for the largest step of the ring with two connections per neighbour (eight
         // transfers, and four headers on the nuvec wire) without allocating.
@@ -1033,6 +1094,28 @@ impl TcpFabric {
                 judged: false,
             })
             .collect();
+        let result = self.drive(step, &mut progress, deadline, started);
+        if result.is_err() {
+            // The sends the failure left unfinished: their peers wait for bytes of them.
+            self.torn.extend(
+                step.iter()
+                    .zip(&progress)
+                    .filter(|(t, p)| t.direction() == Direction::Send && p.done < t.len())
+                    .map(|(t, _)| t.channel()),
+            );
+        }
+        result
+    }
+
+    /// Moves the transfers of `step` until all are done, one fails, or `deadline` passes
+    /// ([`Fabric::run`]); `progress` says how far each came.
+    fn drive(
+        &mut self,
+        step: &mut [Transfer<'_>],
+        progress: &mut [Progress],
+        deadline: Duration,
+        started: Duration,
+    ) -> Result<(), FabricError> {
         self.waiter.reset();
         // When the step last moved a byte (or started), for its watch.
         let mut quiet_since = started;
@@ -1055,9 +1138,9 @@ impl TcpFabric {
                 let c = step[i].channel();
                 let link = &mut self.links[c.peer][c.link];
                 let advanced = if matches!(step[i], Transfer::Forward { .. }) {
-                    advance_forward(link, step, &mut progress, i)
+                    advance_forward(link, step, progress, i)
                 } else if progress[i].together && link.local.is_none() {
-                    advance_together(link, step, &mut progress, i)
+                    advance_together(link, step, progress, i)
                 } else {
                     advance(link, &mut step[i], &mut progress[i])
                 };
@@ -1123,14 +1206,15 @@ impl TcpFabric {
             }
             // Every link's health, not only those of this step: a dead host shows on whichever
             // link the kernel gave up on first.
-            if now.saturating_sub(self.links_checked) >= liveness::CHECK_EVERY {
+            if self.look_now || now.saturating_sub(self.links_checked) >= liveness::CHECK_EVERY {
+                self.look_now = false;
                 self.links_checked = now;
-                if let Some(e) = self.check_links(step, &progress) {
+                if let Some(e) = self.check_links(step, progress, now.saturating_sub(quiet_since)) {
                     return Err(e);
                 }
             }
             if self.watch.report_due(now)
-                && let Some(stall) = self.stall(step, &progress, now)
+                && let Some(stall) = self.stall(step, progress, now)
             {
                 self.watch.report(now, &stall);
             }
@@ -1149,7 +1233,7 @@ impl TcpFabric {
             }
             // Local links: ask each peer this step waits on to ring; one that moved meanwhile
             // lets the step go on without parking.
-            if self.arm(step, &progress)? || self.bells_left() {
+            if self.arm(step, progress)? || self.bells_left() {
                 continue;
             }
             let wake = match self.watch.wake_by(quiet_since) {
@@ -1172,13 +1256,14 @@ impl TcpFabric {
                 let Some(&(peer, link)) = self.tokens.get(event.token().0) else {
                     continue;
                 };
-                if event.is_error() {
-                    // Look at every link's health at the next pass that cannot progress.
-                    self.links_checked = Duration::ZERO;
-                }
                 let l = &mut self.links[peer][link];
                 if l.local.is_some() && !l.gone {
                     l.ring(drain(&l.stream));
+                }
+                if event.is_error() || event.is_read_closed() || told(event) || l.told || l.gone {
+                    // A link failed, ended, or its peer said it failed: look at every link's
+                    // health at the next pass that cannot progress.
+                    self.look_now = true;
                 }
             }
         }
@@ -1202,7 +1287,17 @@ impl TcpFabric {
     /// The first link found failed, silent (see [`liveness`]) or whose peer told it that it
     /// failed (see [`notice`]), as the failure of `step`'s open transfer on it (receives
     /// first), or of the link alone when `step` has none there.
-    fn check_links(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Option<FabricError> {
+    fn check_links(
+        &self,
+        step: &[Transfer<'_>],
+        progress: &[Progress],
+        quiet: Duration,
+    ) -> Option<FabricError> {
+        if quiet >= notice::GRACE
+            && let Some(e) = self.told(step, progress)
+        {
+            return Some(e);
+        }
         let limit = self.link_timeout;
         for (peer, row) in self.links.iter().enumerate() {
             for (link, l) in row.iter().enumerate() {
@@ -1221,10 +1316,6 @@ impl TcpFabric {
                     });
                 let mut byte = [0u8; 1];
                 let kind = match l.stream.peek(&mut byte) {
-                    // The peer failed and said so, whatever the stream holds (see `notice`).
-                    _ if l.told || (l.local.is_none() && notice::told(&l.stream)) => {
-                        Some(FailureKind::PeerFailed)
-                    }
                     Err(e)
                         if !matches!(
                             e.kind(),
@@ -1275,6 +1366,33 @@ impl TcpFabric {
             }
         }
         None
+    }
+
+    /// A peer's notice that it failed (see [`notice`]), as the failure of the transfer `step`
+    /// is most stuck on, naming the rank that told: the peer this rank waits for may not be the
+    /// one that failed.
+    fn told(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Option<FabricError> {
+        let peer = self.links.iter().position(|row| {
+            row.iter()
+                .any(|l| l.told || (l.local.is_none() && notice::told(&l.stream)))
+        })?;
+        let kind = FailureKind::PeerFailed { rank: peer };
+        Some(match most_stuck(step, |i| progress[i].done) {
+            Some(i) => FabricError {
+                channel: step[i].channel(),
+                direction: step[i].direction(),
+                done: progress[i].done,
+                total: step[i].len(),
+                kind,
+            },
+            None => FabricError {
+                channel: Channel::new(peer, 0),
+                direction: Direction::Recv,
+                done: 0,
+                total: 0,
+                kind,
+            },
+        })
     }
 
     /// What `step` waits for at `now`, for a report that it is slow: its most stuck transfer
@@ -2178,10 +2296,10 @@ mod tests {
     }
 
     /// Rank 0's step, waiting on rank 2 only, against rank 1's notice that it failed: the
-    /// step fails naming rank 1 at its next look at the links, long before its deadline, and
-    /// while rank 1 still holds its link open.
+    /// step fails naming the transfer it waited on and rank 1, once it has waited the notice's
+    /// grace, long before its deadline, and while rank 1 still holds its link open.
     #[test]
-    fn a_peer_that_says_it_failed_fails_a_step_that_waits_on_another_link_naming_it() {
+    fn a_peer_that_says_it_failed_fails_a_step_that_waits_on_another_link_naming_both() {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let address = listener.local_addr().expect("address");
         let to_one = TcpStream::connect(address).expect("connect");
@@ -2200,8 +2318,8 @@ mod tests {
         let started = Instant::now();
         let deadline = zero.now() + Duration::from_secs(30);
         let e = zero.run(&mut step, deadline).expect_err("rank 1 failed");
-        assert_eq!(e.kind, FailureKind::PeerFailed, "{e}");
-        assert_eq!(e.peer(), 1, "{e}");
+        assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
+        assert_eq!(e.peer(), 2, "the transfer it waited on: {e}");
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{:?}",
@@ -2223,7 +2341,7 @@ mod tests {
         let started = Instant::now();
         let deadline = zero.now() + Duration::from_secs(30);
         let e = zero.run(&mut step, deadline).expect_err("rank 1 failed");
-        assert_eq!(e.kind, FailureKind::PeerFailed, "{e}");
+        assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
         assert_eq!(e.peer(), 1, "{e}");
         assert!(
             started.elapsed() < Duration::from_secs(5),
