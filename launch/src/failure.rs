@@ -158,12 +158,13 @@ pub(crate) fn signal_name(sig: i32) -> String {
 
 /// Whether a rank's last lines (or a recorded error) say it failed because of a peer (a
 /// closed connection, a silent link, a wait for a peer past its deadline, an unreachable or
-/// failed rank, a group that had failed earlier): the words of nuvec-distributed's and MLX's
+/// failed rank, a peer's notice that it failed, a group that had failed earlier): the words of nuvec-distributed's and MLX's
 /// errors for a peer that left or stopped. Such a rank is a consequence, not a cause, when
 /// the cause ended at about the same time.
 pub(crate) fn blames_a_peer(tail: &[String]) -> bool {
-    const WORDS: [&str; 10] = [
+    const WORDS: [&str; 11] = [
         "closed by the peer",
+        "failed and left the group",
         "closed by rank",
         "connection was closed",
         "unreachable",

@@ -823,15 +823,28 @@ fn follow_blame<'a>(
     (chain, None)
 }
 
-/// The peer an error names as the other end of its failed transfer (`rank P link L`, as
+/// The peer an error blames: the rank that told it it failed (`rank P failed and left the
+/// group`, nuvec-distributed's notice on the nuvec wire, where the transfer named is only the
+/// one the rank waited on), else the other end of its failed transfer (`rank P link L`, as
 /// nuvec-distributed's errors name a transfer's channel), the first one when it names
 /// several.
 fn blamed_peer(error: &str) -> Option<usize> {
-    error.match_indices("rank ").find_map(|(at, _)| {
-        let rest = &error[at + "rank ".len()..];
-        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        let after = &rest[digits.len()..];
-        (!digits.is_empty() && after.starts_with(" link ")).then(|| digits.parse().ok())?
+    let teller = error
+        .match_indices(" failed and left the group")
+        .find_map(|(at, _)| {
+            let before = &error[..at];
+            let digits = before.len() - before.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+            let rank = &before[before.len() - digits..];
+            (digits > 0 && before[..before.len() - digits].ends_with("rank "))
+                .then(|| rank.parse().ok())?
+        });
+    teller.or_else(|| {
+        error.match_indices("rank ").find_map(|(at, _)| {
+            let rest = &error[at + "rank ".len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            let after = &rest[digits.len()..];
+            (!digits.is_empty() && after.starts_with(" link ")).then(|| digits.parse().ok())?
+        })
     })
 }
 
@@ -942,6 +955,18 @@ mod tests {
 
     fn done(seq: u64, name: &str) -> String {
         op(seq, name, "done", Some(T + seq * 1000 + 120), &[])
+    }
+
+    #[test]
+    fn an_error_told_by_a_failed_rank_blames_the_teller_not_the_rank_it_waited_on() {
+        let told = "distributed: rank 0: all_sum #0 (16 bytes) failed after 500.762ms: \
+                    receiving from rank 1 link 0 (0 of 32 bytes): rank 12 failed and left the \
+                    group (it said so before it closed its links; its own error says why)";
+        assert_eq!(blamed_peer(told), Some(12));
+        assert!(failure::blames_a_peer(&[told.to_owned()]));
+        let closed = "receiving from rank 3 link 1 (0 of 8 bytes): the connection was closed \
+                      by the peer";
+        assert_eq!(blamed_peer(closed), Some(3));
     }
 
     #[test]

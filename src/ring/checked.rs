@@ -17,8 +17,8 @@
 //! Every collective exchanges headers with both neighbours, so ranks whose calls differ find it
 //! on both sides of every boundary between them; a rank further away fails when a neighbour that
 //! found it tells it so and closes its links (the communicator does both after any failure on
-//! the nuvec wire: [`Fabric::tell_failed`](crate::fabric::Fabric::tell_failed)), whatever link
-//! it waits on.
+//! the nuvec wire: [`Fabric::tell_failed`](crate::fabric::Fabric::tell_failed)), also where it
+//! waits on another link (see the TCP fabric's `notice` for where a notice is not written).
 //!
 //! # Two ranks
 //!

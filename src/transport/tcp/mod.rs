@@ -933,6 +933,29 @@ fn drain(stream: &mio::net::TcpStream) -> (Bells, bool) {
     (Bells::Left, told)
 }
 
+/// The failure of `step` when rank `peer` said it failed: that of the transfer the step is most
+/// stuck on, naming the rank that told (the peer this rank waits for may not be the one that
+/// failed), or of the link to `peer` when nothing is left to wait for.
+fn peer_failed(step: &[Transfer<'_>], progress: &[Progress], peer: usize) -> FabricError {
+    let kind = FailureKind::PeerFailed { rank: peer };
+    match most_stuck(step, |i| progress[i].done) {
+        Some(i) => FabricError {
+            channel: step[i].channel(),
+            direction: step[i].direction(),
+            done: progress[i].done,
+            total: step[i].len(),
+            kind,
+        },
+        None => FabricError {
+            channel: Channel::new(peer, 0),
+            direction: Direction::Recv,
+            done: 0,
+            total: 0,
+            kind,
+        },
+    }
+}
+
 impl Fabric for TcpFabric {
     fn rank(&self) -> usize {
         self.rank
@@ -1032,7 +1055,7 @@ impl Fabric for TcpFabric {
                 // A peer that said it failed (kept: the byte is read once).
                 l.told |= l.local.is_none() && notice::told(&l.stream);
                 let state = if l.told {
-                    Some(FailureKind::PeerFailed { rank: peer }.to_string())
+                    Some("it said it failed and left the group".to_string())
                 } else {
                     state
                 };
@@ -1288,16 +1311,24 @@ impl TcpFabric {
     /// failed (see [`notice`]), as the failure of `step`'s open transfer on it (receives
     /// first), or of the link alone when `step` has none there.
     fn check_links(
-        &self,
+        &mut self,
         step: &[Transfer<'_>],
         progress: &[Progress],
         quiet: Duration,
     ) -> Option<FabricError> {
-        if quiet >= notice::GRACE
-            && let Some(e) = self.told(step, progress)
-        {
+        if let Some(e) = self.check_each_link(step, progress) {
             return Some(e);
         }
+        if quiet >= notice::GRACE {
+            return self.told(step, progress);
+        }
+        None
+    }
+
+    /// [`check_links`](Self::check_links) but for the notices a step looks at only after
+    /// [`notice::GRACE`]: the first link found failed, silent or reset by a peer that said
+    /// it failed first.
+    fn check_each_link(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Option<FabricError> {
         let limit = self.link_timeout;
         for (peer, row) in self.links.iter().enumerate() {
             for (link, l) in row.iter().enumerate() {
@@ -1322,6 +1353,12 @@ impl TcpFabric {
                             io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
                         ) =>
                     {
+                        // A peer that said it failed and then reset the link (it left bytes
+                        // of ours unread): its notice names it better than the reset, and no
+                        // grace is due, since it left this operation's bytes unread.
+                        if l.local.is_none() && notice::told(&l.stream) {
+                            return Some(peer_failed(step, progress, peer));
+                        }
                         // A local link's peer that left after its last operation with a
                         // doorbell of ours unread resets the stream: an end like another.
                         let kind = kind_of(&e, limit);
@@ -1368,31 +1405,16 @@ impl TcpFabric {
         None
     }
 
-    /// A peer's notice that it failed (see [`notice`]), as the failure of the transfer `step`
-    /// is most stuck on, naming the rank that told: the peer this rank waits for may not be the
-    /// one that failed.
-    fn told(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Option<FabricError> {
-        let peer = self.links.iter().position(|row| {
-            row.iter()
-                .any(|l| l.told || (l.local.is_none() && notice::told(&l.stream)))
+    /// The first peer's notice that it failed (see [`notice`]), as [`peer_failed`].
+    fn told(&mut self, step: &[Transfer<'_>], progress: &[Progress]) -> Option<FabricError> {
+        let peer = self.links.iter_mut().position(|row| {
+            row.iter_mut().any(|l| {
+                // Kept: the urgent byte is read once, and `probe` reports it after the step.
+                l.told |= l.local.is_none() && notice::told(&l.stream);
+                l.told
+            })
         })?;
-        let kind = FailureKind::PeerFailed { rank: peer };
-        Some(match most_stuck(step, |i| progress[i].done) {
-            Some(i) => FabricError {
-                channel: step[i].channel(),
-                direction: step[i].direction(),
-                done: progress[i].done,
-                total: step[i].len(),
-                kind,
-            },
-            None => FabricError {
-                channel: Channel::new(peer, 0),
-                direction: Direction::Recv,
-                done: 0,
-                total: 0,
-                kind,
-            },
-        })
+        Some(peer_failed(step, progress, peer))
     }
 
     /// What `step` waits for at `now`, for a report that it is slow: its most stuck transfer
