@@ -214,6 +214,7 @@ impl<F: Fabric, S> State<F, S> {
             };
             let now = fabric.now();
             let Some(fabric) = self.fabric.as_ref() else {
+                log.error(format_args!("{error}"));
                 return Err(error);
             };
             self.diagnosis = self.diagnose(fabric, rank, now);
