@@ -886,8 +886,14 @@ fn told(event: &mio::event::Event) -> bool {
 /// buffer means bytes the peer has not read yet, which wake it as well. An error means the
 /// peer cannot be woken any more (it reset the connection).
 fn doorbell(stream: &mio::net::TcpStream) -> io::Result<()> {
+    ring_with(stream, 1)
+}
+
+/// [`doorbell`] with the byte `bell` (a failed rank's notice rings with its own, see
+/// [`notice`]).
+fn ring_with(stream: &mio::net::TcpStream, bell: u8) -> io::Result<()> {
     loop {
-        return match io::Write::write(&mut &*stream, &[1]) {
+        return match io::Write::write(&mut &*stream, &[bell]) {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -1930,6 +1936,25 @@ mod tests {
         assert!(pieces >= 2, "{pieces} pieces");
     }
 
+    /// The failure of rank 0's receive of 8 bytes from `peer` (link 0, a 30 s deadline), which
+    /// must come within 5 s.
+    fn receive_fails_soon(zero: &mut TcpFabric, peer: usize) -> FabricError {
+        let mut buf = [0u8; 8];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(peer, 0),
+            landing: Landing::Into(&mut buf),
+        }];
+        let started = Instant::now();
+        let deadline = zero.now() + Duration::from_secs(30);
+        let e = zero.run(&mut step, deadline).expect_err("a failure");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{e} after {:?}",
+            started.elapsed()
+        );
+        e
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn a_peer_that_closes_a_local_link_fails_a_waiting_receive_as_closed() {
@@ -1937,21 +1962,9 @@ mod tests {
         // comes through the poll the receive parks in.
         let (mut zero, one) = local_pair();
         drop(one);
-        let mut buf = [0u8; 8];
-        let mut step = [Transfer::Recv {
-            channel: Channel::new(1, 0),
-            landing: Landing::Into(&mut buf),
-        }];
-        let started = Instant::now();
-        let deadline = zero.now() + Duration::from_secs(30);
-        let e = zero.run(&mut step, deadline).expect_err("the peer left");
+        let e = receive_fails_soon(&mut zero, 1);
         assert_eq!(e.kind, FailureKind::Closed, "{e}");
         assert_eq!(e.peer(), 1, "{e}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            started.elapsed()
-        );
     }
 
     /// Rank 0 of a [`local_pair`] after rank 1 sent it `data` and left owing it a ring: rank
@@ -2332,21 +2345,9 @@ mod tests {
             TcpFabric::from_streams(0, vec![vec![], vec![to_one], vec![to_two]]).expect("rank 0");
         let mut one = TcpFabric::from_streams(1, vec![vec![one], vec![], vec![]]).expect("rank 1");
         one.tell_failed();
-        let mut buf = [0u8; 8];
-        let mut step = [Transfer::Recv {
-            channel: Channel::new(2, 0),
-            landing: Landing::Into(&mut buf),
-        }];
-        let started = Instant::now();
-        let deadline = zero.now() + Duration::from_secs(30);
-        let e = zero.run(&mut step, deadline).expect_err("rank 1 failed");
+        let e = receive_fails_soon(&mut zero, 2);
         assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
         assert_eq!(e.peer(), 2, "the transfer it waited on: {e}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            started.elapsed()
-        );
         drop(one);
     }
 
@@ -2355,21 +2356,9 @@ mod tests {
     fn a_local_link_whose_peer_says_it_failed_fails_a_waiting_receive_before_the_deadline() {
         let (mut zero, mut one) = local_pair();
         one.tell_failed();
-        let mut buf = [0u8; 8];
-        let mut step = [Transfer::Recv {
-            channel: Channel::new(1, 0),
-            landing: Landing::Into(&mut buf),
-        }];
-        let started = Instant::now();
-        let deadline = zero.now() + Duration::from_secs(30);
-        let e = zero.run(&mut step, deadline).expect_err("rank 1 failed");
+        let e = receive_fails_soon(&mut zero, 1);
         assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
         assert_eq!(e.peer(), 1, "{e}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            started.elapsed()
-        );
         drop(one);
     }
 }

@@ -41,7 +41,6 @@
 //! full of doorbells unread (which wake the peer anyway); then only the close reaches the peer,
 //! which fails it where it reads that link or its operation still sends on it.
 
-use std::io;
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
@@ -66,7 +65,7 @@ pub(super) const FAILED: u8 = b'F';
 pub(super) fn tell(stream: &mio::net::TcpStream, local: bool) {
     if local {
         // A doorbell's write (std's sets `MSG_NOSIGNAL`).
-        let _ = doorbell(stream);
+        let _ = super::ring_with(stream, FAILED);
     } else {
         // A peer that reset the link must not raise `SIGPIPE` in the process, as the ring's
         // other writes do not (std's write sets `MSG_NOSIGNAL`; on macOS its sockets are made
@@ -76,16 +75,6 @@ pub(super) fn tell(stream: &mio::net::TcpStream, local: bool) {
             SockRef::from(stream).send_with_flags(&[FAILED], libc::MSG_OOB | libc::MSG_NOSIGNAL);
         #[cfg(not(target_os = "linux"))]
         let _ = SockRef::from(stream).send_out_of_band(&[FAILED]);
-    }
-}
-
-/// Writes [`FAILED`] on a local link's stream, retrying an interrupted write.
-fn doorbell(stream: &mio::net::TcpStream) -> io::Result<usize> {
-    loop {
-        match io::Write::write(&mut &*stream, &[FAILED]) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            written => return written,
-        }
     }
 }
 
@@ -109,7 +98,7 @@ pub(super) fn told(stream: &mio::net::TcpStream) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
+    use std::io::{self, Read, Write};
     use std::time::Instant;
 
     /// A connected pair of non-blocking streams over loopback.
