@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crossbeam_utils::sync::Parker;
 use nuvec_distributed::fabric::{
-    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer,
+    Ahead, Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Transfer,
 };
 
 use crate::turn::Shared;
@@ -189,10 +189,27 @@ impl Fabric for SimFabric {
     }
 
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+        let none_ahead = Ahead {
+            from: step.len(),
+            hold: Duration::ZERO,
+        };
+        self.run_ahead(step, none_ahead, deadline, &mut [])
+    }
+
+    fn run_ahead(
+        &mut self,
+        step: &mut [Transfer<'_>],
+        ahead: Ahead,
+        deadline: Duration,
+        moved: &mut [usize],
+    ) -> Result<(), FabricError> {
+        ahead.check(step, moved)?;
         let job_rank = self.job_rank();
         let parker = self.parker.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(view) = &self.view else {
-            return self.shared.step(job_rank, &parker, step, deadline);
+            return self
+                .shared
+                .step(job_rank, &parker, step, ahead, deadline, moved);
         };
         // A sub-group's step runs on the job's channels, and its error names the group's.
         for t in step.iter() {
@@ -209,7 +226,9 @@ impl Fabric for SimFabric {
             let link = view.job_link(channel).unwrap_or(channel.link);
             *t.channel_mut() = Channel::new(view.members[channel.peer], link);
         }
-        let result = self.shared.step(job_rank, &parker, step, deadline);
+        let result = self
+            .shared
+            .step(job_rank, &parker, step, ahead, deadline, moved);
         for t in step.iter_mut() {
             *t.channel_mut() = view.group_channel(t.channel());
         }
@@ -252,13 +271,18 @@ impl View {
 impl Shared {
     /// One fabric call of `rank`: counts it (a [`crate::Fault::Crash`] strikes here), checks
     /// every transfer names a channel of the wiring and a landing that fits, and hands the
-    /// step to the engine of the channels' kind.
+    /// step to the engine of the channels' kind. The stream engine runs the transfers that go
+    /// `ahead` as [`Fabric::run_ahead`] says; the message engine (RDMA's channels, which the
+    /// nuvec wire never runs over) runs them to their end, as a fabric that does not take
+    /// them ahead.
     fn step(
         &self,
         rank: usize,
         parker: &Parker,
         step: &mut [Transfer<'_>],
+        ahead: Ahead,
         deadline: Duration,
+        moved: &mut [usize],
     ) -> Result<(), FabricError> {
         let mut world = self.lock();
         let call = world.ranks[rank].calls;
@@ -281,9 +305,13 @@ impl Shared {
             Transfer::check_in(step, i, world.uc.is_none()).map_err(|what| t.invalid(what))?;
         }
         if world.uc.is_some() {
-            self.run_messages(world, rank, parker, step, deadline, started)
+            self.run_messages(world, rank, parker, step, deadline, started)?;
+            for (m, t) in moved.iter_mut().zip(&step[ahead.from..]) {
+                *m = t.len();
+            }
+            Ok(())
         } else {
-            self.run_stream(world, rank, parker, step, deadline, started)
+            self.run_stream(world, rank, parker, step, ahead, deadline, started, moved)
         }
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crossbeam_utils::sync::Parker;
 use nuvec_distributed::fabric::{
-    Channel, Direction, FabricError, FailureKind, Transfer, most_stuck,
+    Ahead, Channel, Direction, FabricError, FailureKind, Transfer, most_stuck,
 };
 use rand::RngExt;
 
@@ -29,14 +29,26 @@ impl Shared {
     /// [`Shared::step`](crate::fabric) over stream channels: queues the sends into their
     /// channels' outboxes, then takes in order what arrives for the receives, handing the
     /// turn on whenever the step cannot finish yet, until it is done, fails or times out.
+    ///
+    /// The transfers from `ahead.from` on go ahead of the next step ([`Fabric::run_ahead`]):
+    /// the step does not wait for them, and they start once it has waited `ahead.hold` (the
+    /// rank waits in virtual time until then at the latest): its receives among them take
+    /// what has arrived, its sends among them are queued. A send queued is moved whole (the
+    /// outbox keeps its bytes ahead of the next step's); `moved` gets what each moved.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the step, what goes ahead of it, its clock and its results"
+    )]
     pub(crate) fn run_stream<'a>(
         &'a self,
         mut world: MutexGuard<'a, World>,
         rank: usize,
         parker: &Parker,
         step: &mut [Transfer<'_>],
+        ahead: Ahead,
         deadline: Duration,
         started: Duration,
+        moved: &mut [usize],
     ) -> Result<(), FabricError> {
         let mut progress: Vec<Progress> = (0..step.len())
             .map(|_| Progress {
@@ -46,9 +58,24 @@ impl Shared {
                 base: 0,
             })
             .collect();
-        queue_sends(&mut world, rank, step, &mut progress);
+        let need = ahead.from;
+        let due = started.saturating_add(ahead.hold);
+        let mut holding = need < step.len() && !ahead.hold.is_zero();
+        queue_sends(
+            &mut world,
+            rank,
+            step,
+            &mut progress,
+            if holding { need } else { step.len() },
+        );
         world.pump_all();
-        loop {
+        let result = loop {
+            if holding && world.now >= due {
+                holding = false;
+                if queue_sends(&mut world, rank, step, &mut progress, step.len()) {
+                    world.pump_all();
+                }
+            }
             if world.ranks[rank].state == RankState::Crashed {
                 return Err(crash_error(rank, step));
             }
@@ -56,16 +83,18 @@ impl Shared {
             let mut blocked_recv: Vec<Channel> = Vec::new();
             let mut all_done = true;
             let mut landed = false;
-            for (t, p) in step.iter_mut().zip(progress.iter_mut()) {
+            for (i, (t, p)) in step.iter_mut().zip(progress.iter_mut()).enumerate() {
                 let len = t.len();
+                // Whether the step waits for this transfer (not one that goes ahead).
+                let waited = i < need;
                 match t {
                     Transfer::Send { channel, .. } | Transfer::Forward { channel, .. } => {
                         let chan = world.channel(rank, *channel);
                         if p.whole {
                             p.done = (chan.sent.saturating_sub(p.base) as usize).min(len);
                         }
-                        if p.done < len {
-                            all_done = false;
+                        if p.done < len && (waited || p.whole) {
+                            all_done &= !waited;
                             if chan.closed {
                                 let done = p.done;
                                 return Err(fail(t, done, FailureKind::Closed));
@@ -73,8 +102,11 @@ impl Shared {
                         }
                     }
                     Transfer::Recv { channel, landing } => {
+                        if !waited && holding {
+                            continue;
+                        }
                         if blocked_recv.contains(channel) {
-                            all_done &= p.done == landing.len();
+                            all_done &= !waited || p.done == landing.len();
                             continue;
                         }
                         let grain = landing.grain();
@@ -113,7 +145,7 @@ impl Shared {
                             }
                         }
                         if p.done < landing.len() {
-                            all_done = false;
+                            all_done &= !waited;
                             blocked_recv.push(*channel);
                             let incoming = world.incoming_mut(rank, *channel);
                             if incoming.closed && incoming.in_flight.is_empty() {
@@ -125,7 +157,8 @@ impl Shared {
                 }
             }
             // A forward may send what its receive landed in this pass.
-            if landed && queue_sends(&mut world, rank, step, &mut progress) {
+            let queue_to = if holding { need } else { step.len() };
+            if landed && queue_sends(&mut world, rank, step, &mut progress, queue_to) {
                 world.pump_all();
                 continue;
             }
@@ -134,18 +167,29 @@ impl Shared {
                 world.hash(&[3, rank as u64, now]);
                 world.ranks[rank].state = RankState::Ready;
                 let _world = self.yield_turn(world, rank, parker);
-                return Ok(());
+                break Ok(());
             }
             if world.now >= deadline {
                 let waited = world.now.saturating_sub(started);
-                let i = most_stuck(step, |i| progress[i].done).unwrap_or(0);
+                let i = most_stuck(&step[..need], |i| progress[i].done).unwrap_or(0);
                 let p = progress[i].done;
                 world.hash(&[4, rank as u64]);
                 return Err(fail(&step[i], p, FailureKind::TimedOut { waited }));
             }
-            world.ranks[rank].state = RankState::Waiting { deadline };
+            // Woken at the deadline, or when the held sends are due.
+            let wake = if holding { deadline.min(due) } else { deadline };
+            world.ranks[rank].state = RankState::Waiting { deadline: wake };
             world = self.yield_turn(world, rank, parker);
+        };
+        // A send that went ahead is moved whole once queued: its bytes leave the outbox ahead
+        // of the next step's.
+        for (m, (t, p)) in moved.iter_mut().zip(step.iter().zip(&progress).skip(need)) {
+            *m = match t.direction() {
+                Direction::Send => p.queued,
+                Direction::Recv => p.done,
+            };
         }
+        result
     }
 }
 
@@ -161,18 +205,19 @@ struct Progress {
     base: u64,
 }
 
-/// Queues into their channels' outboxes what the sends of `step` may send now: a send
-/// all at once, a forward what its receive has landed; each only once every earlier send
-/// of its channel is queued whole, so that the bytes keep the step's order. Returns
-/// whether any was queued (the caller pumps the wires).
+/// Queues into their channels' outboxes what the sends of `step` before index `to` may send
+/// now: a send all at once, a forward what its receive has landed; each only once every
+/// earlier send of its channel is queued whole, so that the bytes keep the step's order.
+/// Returns whether any was queued (the caller pumps the wires).
 fn queue_sends(
     world: &mut World,
     rank: usize,
     step: &[Transfer<'_>],
     progress: &mut [Progress],
+    to: usize,
 ) -> bool {
     let mut any = false;
-    for i in 0..step.len() {
+    for i in 0..to {
         let (channel, len) = (step[i].channel(), step[i].len());
         if step[i].direction() != Direction::Send || progress[i].whole {
             continue;

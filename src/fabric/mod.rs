@@ -526,6 +526,42 @@ pub fn most_stuck(step: &[Transfer<'_>], done: impl Fn(usize) -> usize) -> Optio
         .map(|(i, _)| i)
 }
 
+/// Which transfers of a step go ahead of the next one, and how long its sends among them are
+/// held back: see [`Fabric::run_ahead`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ahead {
+    /// The index of the first transfer that goes ahead; every later one goes ahead too.
+    pub from: usize,
+    /// How long the step must have waited before the sends that go ahead are sent.
+    pub hold: Duration,
+}
+
+impl Ahead {
+    /// Whether `step` and `moved` fit this: `from` within the step, one entry of `moved` per
+    /// transfer that goes ahead, and none of those a [`Transfer::Forward`]. A step that does
+    /// not fit fails with [`FailureKind::Invalid`] before anything moves.
+    pub fn check(&self, step: &[Transfer<'_>], moved: &[usize]) -> Result<(), FabricError> {
+        let Some(first) = step.first() else {
+            return Ok(());
+        };
+        if self.from > step.len() || moved.len() != step.len() - self.from {
+            return Err(first.invalid(format!(
+                "{} of the step's {} transfers go ahead, with {} counts for them",
+                step.len().saturating_sub(self.from),
+                step.len(),
+                moved.len()
+            )));
+        }
+        match step[self.from..]
+            .iter()
+            .find(|t| matches!(t, Transfer::Forward { .. }))
+        {
+            Some(t) => Err(t.invalid("a forward cannot go ahead of its step".to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
 /// One rank's connections to its peers: see the [module documentation](self).
 pub trait Fabric {
     /// This rank.
@@ -548,6 +584,42 @@ pub trait Fabric {
     /// same channel and direction run in the order given. After an error the state of the
     /// channels is unspecified: the caller must treat the group as failed.
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError>;
+
+    /// Runs `step` as [`run`](Fabric::run) does, except for its transfers from index
+    /// `ahead.from` on, which belong to the next step and go ahead of it only if this step is
+    /// held up: they are held back until the step has waited `ahead.hold`, and then move as
+    /// any transfer (a [`Landing::Checked`] receive is judged the moment it is whole), so that
+    /// a step that ends sooner leaves them to the next step, which sends each send among them
+    /// together with that step's own bytes on the channel (one message where there would be
+    /// two) and reads each receive with its own. The step returns once the transfers before
+    /// `ahead.from` are done; `moved` (one entry per transfer from `ahead.from` on) then says
+    /// how many bytes of each moved, and the caller runs the rest at the start of the next
+    /// step on the same channel. Only sends and receives go ahead (no [`Transfer::Forward`]).
+    ///
+    /// Why: the nuvec wire sends an operation's header on every link before it waits for
+    /// anything, so that a peer whose program called something else reads it at once; but a
+    /// header alone is a message of its own, with its system calls, packet and wake-up on both
+    /// ends, where the next step's message could carry it. Held back, it still goes out as
+    /// soon as a step is held up (a peer's mismatch is then found `hold` later), and costs
+    /// nothing when the step ends in time.
+    ///
+    /// The default (the RDMA fabric, fabrics of tests) runs every transfer to its end as
+    /// [`run`](Fabric::run), sending the held ones at once: the same bytes in the same order
+    /// on every channel, only sooner.
+    fn run_ahead(
+        &mut self,
+        step: &mut [Transfer<'_>],
+        ahead: Ahead,
+        deadline: Duration,
+        moved: &mut [usize],
+    ) -> Result<(), FabricError> {
+        ahead.check(step, moved)?;
+        self.run(step, deadline)?;
+        for (m, t) in moved.iter_mut().zip(&step[ahead.from..]) {
+            *m = t.len();
+        }
+        Ok(())
+    }
 
     /// Whether this fabric runs [`Transfer::Forward`]s. The default does not: an algorithm
     /// then waits for a whole segment before it sends it on, in a step of its own.
@@ -641,6 +713,15 @@ impl<F: Fabric + ?Sized> Fabric for &mut F {
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         (**self).run(step, deadline)
     }
+    fn run_ahead(
+        &mut self,
+        step: &mut [Transfer<'_>],
+        ahead: Ahead,
+        deadline: Duration,
+        moved: &mut [usize],
+    ) -> Result<(), FabricError> {
+        (**self).run_ahead(step, ahead, deadline, moved)
+    }
     fn forwards(&self) -> bool {
         (**self).forwards()
     }
@@ -688,6 +769,15 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
         (**self).run(step, deadline)
+    }
+    fn run_ahead(
+        &mut self,
+        step: &mut [Transfer<'_>],
+        ahead: Ahead,
+        deadline: Duration,
+        moved: &mut [usize],
+    ) -> Result<(), FabricError> {
+        (**self).run_ahead(step, ahead, deadline, moved)
     }
     fn forwards(&self) -> bool {
         (**self).forwards()

@@ -80,8 +80,8 @@ use crate::config::log::Log;
 use crate::config::options::{DEFAULT_LINK_TIMEOUT, DEFAULT_SPIN, Spin, WireChoice};
 use crate::error::Error;
 use crate::fabric::{
-    Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Patience, Stall,
-    Transfer, Watch, blame, most_stuck,
+    Ahead, Channel, ChannelKind, Direction, Fabric, FabricError, FailureKind, Landing, Patience,
+    Stall, Transfer, Watch, blame, most_stuck,
 };
 use crate::limits;
 use crate::transport::tcp::auth::Key;
@@ -1075,7 +1075,23 @@ impl Fabric for TcpFabric {
     }
 
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
-        let result = self.step(step, deadline);
+        let none_ahead = Ahead {
+            from: step.len(),
+            hold: Duration::ZERO,
+        };
+        self.run_ahead(step, none_ahead, deadline, &mut [])
+    }
+
+    fn run_ahead(
+        &mut self,
+        step: &mut [Transfer<'_>],
+        ahead: Ahead,
+        deadline: Duration,
+        moved: &mut [usize],
+    ) -> Result<(), FabricError> {
+        let result = ahead
+            .check(step, moved)
+            .and_then(|()| self.step(step, ahead, deadline, moved));
         if result.is_err() {
             self.watch.failed();
         }
@@ -1084,8 +1100,14 @@ impl Fabric for TcpFabric {
 }
 
 impl TcpFabric {
-    /// [`Fabric::run`] but for telling the watch that the group failed.
-    fn step(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+    /// [`Fabric::run_ahead`] but for telling the watch that the group failed.
+    fn step(
+        &mut self,
+        step: &mut [Transfer<'_>],
+        ahead: Ahead,
+        deadline: Duration,
+        moved: &mut [usize],
+    ) -> Result<(), FabricError> {
         self.torn.clear();
         let started = self.now();
         let forwards = self.forwards();
@@ -1113,7 +1135,12 @@ impl TcpFabric {
             .enumerate()
             .map(|(i, t)| Progress {
                 done: 0,
-                together: together(step, i),
+                // Those that go ahead move apart from the step's own, and with each other.
+                together: if i < ahead.from {
+                    together(&step[..ahead.from], i)
+                } else {
+                    together(&step[ahead.from..], i - ahead.from)
+                },
                 stream: match t {
                     Transfer::Recv { landing, .. } => {
                         Reassembly::new(landing.len(), landing.grain())
@@ -1123,7 +1150,10 @@ impl TcpFabric {
                 judged: false,
             })
             .collect();
-        let result = self.drive(step, &mut progress, deadline, started);
+        let result = self.drive(step, &mut progress, ahead, deadline, started);
+        for (m, p) in moved.iter_mut().zip(&progress[ahead.from..]) {
+            *m = p.done;
+        }
         if result.is_err() {
             // The sends the failure left unfinished: their peers wait for bytes of them.
             self.torn.extend(
@@ -1136,16 +1166,22 @@ impl TcpFabric {
         result
     }
 
-    /// Moves the transfers of `step` until all are done, one fails, or `deadline` passes
-    /// ([`Fabric::run`]); `progress` says how far each came.
+    /// Moves the transfers of `step` until those before `ahead.from` are done, one fails, or
+    /// `deadline` passes ([`Fabric::run_ahead`]); `progress` says how far each came.
     fn drive(
         &mut self,
         step: &mut [Transfer<'_>],
         progress: &mut [Progress],
+        ahead: Ahead,
         deadline: Duration,
         started: Duration,
     ) -> Result<(), FabricError> {
         self.waiter.reset();
+        // The transfers the step waits for; those after them go ahead of the next step once
+        // the step has waited until `due` (a look at a receive costs a system call a pass).
+        let need = ahead.from;
+        let due = started.saturating_add(ahead.hold);
+        let held = |i: usize, now: Duration| i >= need && now < due;
         // When the step last moved a byte (or started), for its watch.
         let mut quiet_since = started;
         loop {
@@ -1155,13 +1191,20 @@ impl TcpFabric {
             // (channel, direction) pairs whose earlier transfer in this step is not done: later
             // ones on the same pair must wait for it.
             let mut busy: smallvec::SmallVec<[(Channel, Direction); 8]> = smallvec::SmallVec::new();
+            // Whether a transfer that goes ahead waits for its hold.
+            let mut holding = false;
             for i in 0..step.len() {
                 if progress[i].done == step[i].len() {
                     continue;
                 }
-                finished = false;
+                finished &= i >= need;
                 let key = (step[i].channel(), step[i].direction());
                 if busy.contains(&key) {
+                    continue;
+                }
+                if held(i, pass) {
+                    busy.push(key);
+                    holding = true;
                     continue;
                 }
                 let c = step[i].channel();
@@ -1169,7 +1212,12 @@ impl TcpFabric {
                 let advanced = if matches!(step[i], Transfer::Forward { .. }) {
                     advance_forward(link, step, progress, i)
                 } else if progress[i].together && link.local.is_none() {
-                    advance_together(link, step, progress, i)
+                    // Those that go ahead move apart from the step's own.
+                    if i < need {
+                        advance_together(link, &mut step[..need], &mut progress[..need], i)
+                    } else {
+                        advance_together(link, &mut step[need..], &mut progress[need..], i - need)
+                    }
                 } else {
                     advance(link, &mut step[i], &mut progress[i])
                 };
@@ -1222,7 +1270,7 @@ impl TcpFabric {
                 }
             }
             if now >= deadline {
-                let i = most_stuck(step, |i| progress[i].done).unwrap_or(0);
+                let i = most_stuck(&step[..need], |i| progress[i].done).unwrap_or(0);
                 return Err(FabricError {
                     channel: step[i].channel(),
                     direction: step[i].direction(),
@@ -1238,12 +1286,13 @@ impl TcpFabric {
             if self.look_now || now.saturating_sub(self.links_checked) >= liveness::CHECK_EVERY {
                 self.look_now = false;
                 self.links_checked = now;
-                if let Some(e) = self.check_links(step, progress, now.saturating_sub(quiet_since)) {
+                let quiet = now.saturating_sub(quiet_since);
+                if let Some(e) = self.check_links(step, progress, need, quiet) {
                     return Err(e);
                 }
             }
             if self.watch.report_due(now)
-                && let Some(stall) = self.stall(step, progress, now)
+                && let Some(stall) = self.stall(&step[..need], &progress[..need], now)
             {
                 self.watch.report(now, &stall);
             }
@@ -1252,7 +1301,7 @@ impl TcpFabric {
             {
                 let heard = &self.heard;
                 let i = blame(
-                    step,
+                    &step[..need],
                     |i| progress[i].done == step[i].len(),
                     |p| heard.get(p).copied().flatten(),
                     stop.gone(),
@@ -1262,7 +1311,8 @@ impl TcpFabric {
             }
             // Local links: ask each peer this step waits on to ring; one that moved meanwhile
             // lets the step go on without parking.
-            if self.arm(step, progress)? || self.bells_left() {
+            let waits_on = |i: usize| !held(i, now);
+            if self.arm(step, progress, waits_on)? || self.bells_left() {
                 continue;
             }
             let wake = match self.watch.wake_by(quiet_since) {
@@ -1272,6 +1322,7 @@ impl TcpFabric {
             // Parked at most until the next look at the links' health.
             let wake = wake
                 .min(self.links_checked.saturating_add(liveness::CHECK_EVERY))
+                .min(if holding { due } else { deadline })
                 .max(now);
             match self.poll.poll(&mut self.events, Some(wake - now)) {
                 Ok(()) => {}
@@ -1320,13 +1371,14 @@ impl TcpFabric {
         &mut self,
         step: &[Transfer<'_>],
         progress: &[Progress],
+        need: usize,
         quiet: Duration,
     ) -> Option<FabricError> {
-        if let Some(e) = self.check_each_link(step, progress) {
+        if let Some(e) = self.check_each_link(step, progress, need) {
             return Some(e);
         }
         if quiet >= notice::GRACE {
-            return self.told(step, progress);
+            return self.told(&step[..need], &progress[..need]);
         }
         None
     }
@@ -1334,7 +1386,12 @@ impl TcpFabric {
     /// [`check_links`](Self::check_links) but for the notices a step looks at only after
     /// [`notice::GRACE`]: the first link found failed, silent or reset by a peer that said
     /// it failed first.
-    fn check_each_link(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Option<FabricError> {
+    fn check_each_link(
+        &self,
+        step: &[Transfer<'_>],
+        progress: &[Progress],
+        need: usize,
+    ) -> Option<FabricError> {
         let limit = self.link_timeout;
         for (peer, row) in self.links.iter().enumerate() {
             for (link, l) in row.iter().enumerate() {
@@ -1363,7 +1420,7 @@ impl TcpFabric {
                         // of ours unread): its notice names it better than the reset, and no
                         // grace is due, since it left this operation's bytes unread.
                         if l.local.is_none() && notice::told(&l.stream) {
-                            return Some(peer_failed(step, progress, peer));
+                            return Some(peer_failed(&step[..need], &progress[..need], peer));
                         }
                         // A local link's peer that left after its last operation with a
                         // doorbell of ours unread resets the stream: an end like another.
@@ -1440,11 +1497,16 @@ impl TcpFabric {
         })
     }
 
-    /// Arms the local links of every transfer of `step` not done yet (see [`local`]); whether
-    /// one of them can move already.
-    fn arm(&self, step: &[Transfer<'_>], progress: &[Progress]) -> Result<bool, FabricError> {
-        for (t, p) in step.iter().zip(progress) {
-            if p.done == t.len() {
+    /// Arms the local links of every transfer of `step` not done yet that the step `waits_on`
+    /// (see [`local`]); whether one of them can move already.
+    fn arm(
+        &self,
+        step: &[Transfer<'_>],
+        progress: &[Progress],
+        waits_on: impl Fn(usize) -> bool,
+    ) -> Result<bool, FabricError> {
+        for (i, (t, p)) in step.iter().zip(progress).enumerate() {
+            if p.done == t.len() || !waits_on(i) {
                 continue;
             }
             let c = t.channel();
@@ -2360,5 +2422,247 @@ mod tests {
         assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
         assert_eq!(e.peer(), 1, "{e}");
         drop(one);
+    }
+
+    /// `fabric` sends `bytes` to rank 0 on its link 0, in one step of at most 30 s.
+    fn send_bytes(fabric: &mut TcpFabric, bytes: &[u8]) {
+        let mut step = [Transfer::Send {
+            channel: Channel::new(0, 0),
+            data: bytes,
+        }];
+        let deadline = fabric.now() + Duration::from_secs(30);
+        fabric.run(&mut step, deadline).expect("send to rank 0");
+    }
+
+    /// Ranks 0, 1 and 2 over loopback: rank 0 holds a link to each of the others, which hold
+    /// only their link to rank 0.
+    fn three() -> (TcpFabric, TcpFabric, TcpFabric) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        let to_one = TcpStream::connect(address).expect("connect");
+        let (one, _) = listener.accept().expect("accept");
+        let to_two = TcpStream::connect(address).expect("connect");
+        let (two, _) = listener.accept().expect("accept");
+        let zero =
+            TcpFabric::from_streams(0, vec![vec![], vec![to_one], vec![to_two]]).expect("rank 0");
+        let one = TcpFabric::from_streams(1, vec![vec![one], vec![], vec![]]).expect("rank 1");
+        let two = TcpFabric::from_streams(2, vec![vec![two], vec![], vec![]]).expect("rank 2");
+        (zero, one, two)
+    }
+
+    #[test]
+    fn transfers_that_go_ahead_are_left_to_the_next_step_when_the_step_ends_within_the_hold() {
+        let (mut zero, mut one) = pair();
+        let to_one = Channel::new(1, 0);
+        // Rank 1 sends its bytes and its header at once; rank 0's step waits for the bytes
+        // only, and neither sends its header nor reads rank 1's within the hold.
+        let peer = std::thread::spawn(move || {
+            let (bytes, header) = ([7u8; 4], [5u8; 32]);
+            let mut sends = [
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &bytes,
+                },
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &header,
+                },
+            ];
+            let deadline = one.now() + Duration::from_secs(30);
+            one.run(&mut sends, deadline).expect("rank 1 sends");
+            let (mut header, mut payload) = ([0u8; 32], [0u8; 8]);
+            let mut recvs = [
+                Transfer::Recv {
+                    channel: Channel::new(0, 0),
+                    landing: Landing::Into(&mut header),
+                },
+                Transfer::Recv {
+                    channel: Channel::new(0, 0),
+                    landing: Landing::Into(&mut payload),
+                },
+            ];
+            one.run(&mut recvs, deadline).expect("rank 1 receives");
+            (header, payload)
+        });
+        let (ours, payload) = ([3u8; 32], [4u8; 8]);
+        let (mut bytes, mut theirs) = ([0u8; 4], [0u8; 32]);
+        let mut moved = [usize::MAX; 2];
+        {
+            let mut step = [
+                Transfer::Recv {
+                    channel: to_one,
+                    landing: Landing::Into(&mut bytes),
+                },
+                Transfer::Send {
+                    channel: to_one,
+                    data: &ours,
+                },
+                Transfer::Recv {
+                    channel: to_one,
+                    landing: Landing::Checked {
+                        buf: &mut theirs,
+                        check: &Any,
+                    },
+                },
+            ];
+            let ahead = Ahead {
+                from: 1,
+                hold: Duration::from_secs(30),
+            };
+            let deadline = zero.now() + Duration::from_secs(30);
+            zero.run_ahead(&mut step, ahead, deadline, &mut moved)
+                .expect("rank 0's step");
+        }
+        assert_eq!(bytes, [7; 4]);
+        assert_eq!(moved, [0, 0], "nothing went ahead within the hold");
+        assert_eq!(theirs, [0; 32], "rank 1's header was not read");
+        // The next step sends the header with its payload and reads rank 1's.
+        let mut step = [
+            Transfer::Send {
+                channel: to_one,
+                data: &ours,
+            },
+            Transfer::Send {
+                channel: to_one,
+                data: &payload,
+            },
+            Transfer::Recv {
+                channel: to_one,
+                landing: Landing::Into(&mut theirs),
+            },
+        ];
+        let deadline = zero.now() + Duration::from_secs(30);
+        zero.run(&mut step, deadline).expect("rank 0's next step");
+        assert_eq!(theirs, [5; 32]);
+        let (header, got) = peer.join().expect("rank 1");
+        assert_eq!(
+            (header, got),
+            (ours, payload),
+            "the header came first, then its payload"
+        );
+    }
+
+    #[test]
+    fn a_step_held_up_past_the_hold_sends_and_judges_what_goes_ahead() {
+        let (mut zero, mut one, mut two) = three();
+        let (to_one, to_two) = (Channel::new(1, 0), Channel::new(2, 0));
+        let (heard, hear) = std::sync::mpsc::channel();
+        // Rank 1 sends its header at once and waits for rank 0's, which rank 0 sends only once
+        // its step has waited the hold; rank 2 sends the bytes that step waits for only after
+        // that, so the step ends only if it sent its header while held up.
+        let first = std::thread::spawn(move || {
+            let header = [5u8; 32];
+            let mut theirs = [0u8; 32];
+            let mut step = [
+                Transfer::Send {
+                    channel: Channel::new(0, 0),
+                    data: &header,
+                },
+                Transfer::Recv {
+                    channel: Channel::new(0, 0),
+                    landing: Landing::Into(&mut theirs),
+                },
+            ];
+            let deadline = one.now() + Duration::from_secs(30);
+            one.run(&mut step, deadline).expect("rank 1");
+            heard.send(()).expect("rank 2 waits");
+            theirs
+        });
+        let second = std::thread::spawn(move || {
+            hear.recv_timeout(Duration::from_secs(30))
+                .expect("rank 1 heard rank 0's header");
+            send_bytes(&mut two, &[8u8; 4]);
+            two
+        });
+        let hold = Duration::from_millis(20);
+        let (ours, mut bytes, mut theirs) = ([3u8; 32], [0u8; 4], [0u8; 32]);
+        let mut moved = [0usize; 2];
+        let started = zero.now();
+        {
+            let mut step = [
+                Transfer::Recv {
+                    channel: to_two,
+                    landing: Landing::Into(&mut bytes),
+                },
+                Transfer::Send {
+                    channel: to_one,
+                    data: &ours,
+                },
+                Transfer::Recv {
+                    channel: to_one,
+                    landing: Landing::Checked {
+                        buf: &mut theirs,
+                        check: &Any,
+                    },
+                },
+            ];
+            let deadline = zero.now() + Duration::from_secs(30);
+            zero.run_ahead(&mut step, Ahead { from: 1, hold }, deadline, &mut moved)
+                .expect("rank 0's step");
+        }
+        assert!(zero.now() - started >= hold, "{:?}", zero.now() - started);
+        assert_eq!((bytes, moved, theirs), ([8; 4], [32, 32], [5; 32]));
+        assert_eq!(first.join().expect("rank 1"), ours);
+        drop(second.join().expect("rank 2"));
+    }
+
+    #[test]
+    fn a_header_that_goes_ahead_is_judged_once_the_step_is_held_up() {
+        let (mut zero, mut one, two) = three();
+        let to_one = Channel::new(1, 0);
+        send_bytes(&mut one, &[9u8; 32]);
+        let hold = Duration::from_millis(20);
+        let (ours, mut bytes, mut theirs) = ([3u8; 32], [0u8; 4], [0u8; 32]);
+        let mut moved = [0usize; 2];
+        let started = zero.now();
+        let mut step = [
+            Transfer::Recv {
+                channel: Channel::new(2, 0),
+                landing: Landing::Into(&mut bytes),
+            },
+            Transfer::Send {
+                channel: to_one,
+                data: &ours,
+            },
+            Transfer::Recv {
+                channel: to_one,
+                landing: Landing::Checked {
+                    buf: &mut theirs,
+                    check: &NotNine,
+                },
+            },
+        ];
+        let deadline = zero.now() + Duration::from_secs(5);
+        let e = zero
+            .run_ahead(&mut step, Ahead { from: 1, hold }, deadline, &mut moved)
+            .expect_err("a refused header");
+        let waited = zero.now() - started;
+        assert!(matches!(e.kind, FailureKind::Mismatch(_)), "{e}");
+        assert_eq!(e.peer(), 1, "{e}");
+        assert!(
+            waited >= hold && waited < Duration::from_secs(4),
+            "{waited:?}"
+        );
+        drop(two);
+    }
+
+    #[test]
+    fn a_step_whose_transfers_ahead_do_not_fit_is_invalid_before_anything_moves() {
+        let (mut zero, _one) = pair();
+        let data = [1u8; 4];
+        let mut step = [Transfer::Send {
+            channel: Channel::new(1, 0),
+            data: &data,
+        }];
+        let deadline = zero.now() + Duration::from_secs(5);
+        let ahead = Ahead {
+            from: 0,
+            hold: Duration::ZERO,
+        };
+        let e = zero
+            .run_ahead(&mut step, ahead, deadline, &mut [])
+            .expect_err("one transfer ahead, no count for it");
+        assert!(matches!(e.kind, FailureKind::Invalid(_)), "{e}");
+        assert_eq!(e.done, 0);
     }
 }
