@@ -447,3 +447,46 @@ fn ranks_that_call_all_sum_and_all_gather_of_the_same_size_name_both_calls() {
         texts[1]
     );
 }
+
+#[test]
+fn on_four_ranks_a_neighbour_in_another_call_reads_the_relays_held_header_once_the_pair_waits_past_the_hold()
+ {
+    // Ranks 1 and 3 gather by the relay's pairs ({0,1}{2,3}, then {0,3}{1,2}); ranks 0 and 2
+    // each receive from their left. Each gathering rank's first partner waits on its other
+    // link, so its first step never ends: only the header it holds for its second partner
+    // (ranks 2 and 0), sent once it has waited the hold, tells those receivers of the
+    // mismatch.
+    let report = sim(4, 1, 7, 4096, 64 * 1024).run(|fabric| {
+        let clock = fabric.clock();
+        let rank = fabric.rank();
+        let comm = comm(fabric, 1);
+        let result = if rank % 2 == 1 {
+            let mut out = vec![0u8; 16 * 4];
+            comm.try_all_gather(&[2u8; 16], &mut out).map(|()| out)
+        } else {
+            let mut got = vec![0u8; 16];
+            comm.try_recv((rank + 3) % 4, &mut got).map(|()| got)
+        };
+        (result, clock.now())
+    });
+    for (rank, outcome) in report.outcomes.into_iter().enumerate() {
+        let (result, at) = outcome.returned().expect("every rank returns");
+        let text = match result {
+            Err(e) => e.to_string(),
+            Ok(data) => panic!("rank {rank} returned {data:?}"),
+        };
+        assert!(at < relay::HOLD * 10, "rank {rank} ended at {at:?}: {text}");
+        if rank % 2 == 0 {
+            assert!(
+                text.contains(
+                    "called all_gather #0 of 16 bytes per rank where this rank called recv"
+                ),
+                "rank {rank}: {text}"
+            );
+            assert!(
+                at >= relay::HOLD,
+                "rank {rank} read the header at {at:?}, before the hold"
+            );
+        }
+    }
+}
