@@ -532,7 +532,7 @@ pub fn most_stuck(step: &[Transfer<'_>], done: impl Fn(usize) -> usize) -> Optio
 pub struct Ahead {
     /// The index of the first transfer that goes ahead; every later one goes ahead too.
     pub from: usize,
-    /// How long the step must have waited before the sends that go ahead are sent.
+    /// How long the step must have waited before the transfers that go ahead start.
     pub hold: Duration,
 }
 
@@ -541,16 +541,23 @@ impl Ahead {
     /// transfer that goes ahead, and none of those a [`Transfer::Forward`]. A step that does
     /// not fit fails with [`FailureKind::Invalid`] before anything moves.
     pub fn check(&self, step: &[Transfer<'_>], moved: &[usize]) -> Result<(), FabricError> {
-        let Some(first) = step.first() else {
-            return Ok(());
-        };
         if self.from > step.len() || moved.len() != step.len() - self.from {
-            return Err(first.invalid(format!(
-                "{} of the step's {} transfers go ahead, with {} counts for them",
-                step.len().saturating_sub(self.from),
+            let what = format!(
+                "transfers from index {} of a step of {} go ahead, with {} counts for them",
+                self.from,
                 step.len(),
                 moved.len()
-            )));
+            );
+            return Err(match step.first() {
+                Some(first) => first.invalid(what),
+                None => FabricError {
+                    channel: Channel::new(0, 0),
+                    direction: Direction::Send,
+                    done: 0,
+                    total: 0,
+                    kind: FailureKind::Invalid(what),
+                },
+            });
         }
         match step[self.from..]
             .iter()

@@ -271,8 +271,9 @@ fn relay<F: Fabric + ?Sized>(
                 sent.push((m.origin, h, p));
             }
         }
-        // What of a header that went ahead in the last step is left to move in this one.
-        let left = |m: &Move, way: Direction| {
+        // How much of a header that went ahead in the last step moved there (all of one that
+        // did not go ahead): the rest moves in this step.
+        let moved_ahead = |m: &Move, way: Direction| {
             went.iter()
                 .find(|(w, d, _)| *d == way && w.side == m.side && w.origin == m.origin)
                 .map_or(HEADER, |&(.., moved)| moved)
@@ -290,7 +291,7 @@ fn relay<F: Fabric + ?Sized>(
                     from: m.origin,
                 };
                 let landed = match m.part {
-                    Part::Payload => left(m, Direction::Recv).min(HEADER),
+                    Part::Payload => moved_ahead(m, Direction::Recv).min(HEADER),
                     _ => 0,
                 };
                 let head: &[u8] = match heads[i].take() {
@@ -323,7 +324,7 @@ fn relay<F: Fabric + ?Sized>(
                 if m.part.header() {
                     step.push(Transfer::Send { channel, data: h });
                 } else {
-                    let moved = left(m, Direction::Send).min(HEADER);
+                    let moved = moved_ahead(m, Direction::Send).min(HEADER);
                     if moved < HEADER {
                         step.push(Transfer::Send {
                             channel,

@@ -448,6 +448,56 @@ fn ranks_that_call_all_sum_and_all_gather_of_the_same_size_name_both_calls() {
     );
 }
 
+proptest! {
+    #![proptest_config(config(32))]
+
+    /// On 4 ranks, one rank stalled past the relay's hold while the others' first steps wait
+    /// for it, or links so slow that a header takes about the hold to cross, with fragments as
+    /// small as a byte: the headers that went ahead land in part or whole, and every rank
+    /// still returns the rank-order fold and the gather.
+    #[test]
+    fn on_four_ranks_a_first_step_held_up_past_the_hold_still_gives_every_rank_the_fold(
+        stalled in 0usize..4,
+        stall_us in 0u64..3000,
+        fragment in 1usize..=48,
+        bytes_per_sec in prop_oneof![Just(0u64), 8_000u64..64_000],
+        seed in any::<u64>(),
+    ) {
+        let (ranks, elements, gather) = (4, 24, 40);
+        let mut sim = sim(ranks, 1, seed, fragment, 64 * 1024);
+        if bytes_per_sec > 0 {
+            sim = sim.bandwidth(bytes_per_sec);
+        }
+        let report = sim
+            .fault(nuvec_fabric_sim::Fault::Stall {
+                rank: stalled,
+                at: Duration::ZERO,
+                duration: Duration::from_micros(stall_us),
+            })
+            .run(|fabric| {
+                let rank = fabric.rank();
+                let comm = comm(fabric, 1);
+                let mut data = input(DType::F32, elements, rank, 0);
+                comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data)?;
+                let mut all = vec![0u8; gather * ranks];
+                comm.try_all_gather(&input(DType::U8, gather, rank, 1), &mut all)?;
+                Ok::<_, Error>((data, all))
+            });
+        let inputs: Vec<Vec<u8>> = (0..ranks).map(|r| input(DType::F32, elements, r, 0)).collect();
+        let expect = fold(Reduction::Sum, DType::F32, &inputs);
+        let gathered: Vec<u8> = (0..ranks).flat_map(|r| input(DType::U8, gather, r, 1)).collect();
+        for (rank, outcome) in report.outcomes.iter().enumerate() {
+            match outcome {
+                Outcome::Returned(Ok((data, all))) => {
+                    prop_assert!(data == &expect, "rank {rank}: the fold differs; {}", report.replay());
+                    prop_assert!(all == &gathered, "rank {rank}: the gather differs; {}", report.replay());
+                }
+                other => prop_assert!(false, "rank {rank}: {other:?}; {}", report.replay()),
+            }
+        }
+    }
+}
+
 #[test]
 fn on_four_ranks_a_neighbour_in_another_call_reads_the_relays_held_header_once_the_pair_waits_past_the_hold()
  {

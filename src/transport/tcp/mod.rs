@@ -1089,9 +1089,7 @@ impl Fabric for TcpFabric {
         deadline: Duration,
         moved: &mut [usize],
     ) -> Result<(), FabricError> {
-        let result = ahead
-            .check(step, moved)
-            .and_then(|()| self.step(step, ahead, deadline, moved));
+        let result = self.step(step, ahead, deadline, moved);
         if result.is_err() {
             self.watch.failed();
         }
@@ -1111,22 +1109,25 @@ impl TcpFabric {
         self.torn.clear();
         let started = self.now();
         let forwards = self.forwards();
-        for (i, t) in step.iter().enumerate() {
-            let c = t.channel();
-            let invalid = if c.link >= self.links(c.peer) {
-                Some(format!("rank {} has no channel {c}", self.rank))
-            } else {
-                Transfer::check_in(step, i, forwards).err()
-            };
-            if let Some(what) = invalid {
-                // Nothing moved: every send of the step is owed.
-                self.torn.extend(
-                    step.iter()
-                        .filter(|t| t.direction() == Direction::Send)
-                        .map(Transfer::channel),
-                );
-                return Err(t.invalid(what));
-            }
+        let invalid = ahead.check(step, moved).err().or_else(|| {
+            step.iter().enumerate().find_map(|(i, t)| {
+                let c = t.channel();
+                let what = if c.link >= self.links(c.peer) {
+                    Some(format!("rank {} has no channel {c}", self.rank))
+                } else {
+                    Transfer::check_in(step, i, forwards).err()
+                };
+                what.map(|what| t.invalid(what))
+            })
+        });
+        if let Some(e) = invalid {
+            // Nothing moved: every send of the step is owed.
+            self.torn.extend(
+                step.iter()
+                    .filter(|t| t.direction() == Direction::Send)
+                    .map(Transfer::channel),
+            );
+            return Err(e);
         }
         // Room for the largest step of the ring with two connections per neighbour (eight
         // transfers, and four headers on the nuvec wire) without allocating.
