@@ -463,9 +463,9 @@ struct Moves {
 /// The relay's steps for `rank` of `ranks`, as a pure schedule.
 ///
 /// On 4 ranks the ring's four links hold two pairings, {0,1}{2,3} and {0,3}{1,2}. In step 1
-/// each rank swaps its vector with its partner in the first and its header alone with its
-/// partner in the second; in step 2 it sends the second partner its own vector and its first
-/// partner's call, in one message. That is the same 2 hops and the same 3 vectors as going both
+/// each rank swaps its vector with its partner in the first (and its header with its partner
+/// in the second, held: below); in step 2 it sends the second partner its own vector and its
+/// first partner's call, in one message. That is the same 2 hops and the same 3 vectors as going both
 /// ways round, in 2 messages of vectors per rank instead of 3, where a message's system calls
 /// and wake-ups cost more than its bytes, as they do below the crossover. The header to the
 /// second partner goes ahead of step 2, held for [`HOLD`]: as on every other schedule, an
