@@ -229,3 +229,28 @@ fn ranks_that_wait_on_a_neighbour_whose_send_returned_fail_when_a_rank_that_fail
         );
     }
 }
+
+#[test]
+fn on_four_ranks_receivers_beside_relays_whose_first_step_never_ends_read_the_held_header() {
+    // Ranks 1 and 3 gather by the relay's pairs; ranks 0 and 2 receive from their left. Each
+    // gathering rank's first partner waits on its other link, so its first step never ends,
+    // and only the header it holds for its second partner, sent once it has waited the hold
+    // (a millisecond), reaches the receivers. The first to read it names the gather; the
+    // others fail as its failure spreads, or by a header of their own, long before the
+    // deadline (without the header the four would wait for it).
+    for local in [true, false] {
+        let calls = [
+            Call::Recv(16),
+            Call::Gather(16),
+            Call::Recv(16),
+            Call::Gather(16),
+        ];
+        let outcomes = check(&calls, local, &[0, 2]);
+        assert!(
+            outcomes
+                .iter()
+                .any(|(r, _)| matches!(r, Err(text) if text.contains("called all_gather"))),
+            "local links {local}: {outcomes:?}"
+        );
+    }
+}
