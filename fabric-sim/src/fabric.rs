@@ -189,11 +189,7 @@ impl Fabric for SimFabric {
     }
 
     fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
-        let none_ahead = Ahead {
-            from: step.len(),
-            hold: Duration::ZERO,
-        };
-        self.run_ahead(step, none_ahead, deadline, &mut [])
+        self.run_ahead(step, Ahead::none(step.len()), deadline, &mut [])
     }
 
     fn run_ahead(
@@ -306,9 +302,7 @@ impl Shared {
         }
         if world.uc.is_some() {
             self.run_messages(world, rank, parker, step, deadline, started)?;
-            for (m, t) in moved.iter_mut().zip(&step[ahead.from..]) {
-                *m = t.len();
-            }
+            ahead.all_moved(step, moved);
             Ok(())
         } else {
             self.run_stream(world, rank, parker, step, ahead, deadline, started, moved)

@@ -526,8 +526,8 @@ pub fn most_stuck(step: &[Transfer<'_>], done: impl Fn(usize) -> usize) -> Optio
         .map(|(i, _)| i)
 }
 
-/// Which transfers of a step go ahead of the next one, and how long its sends among them are
-/// held back: see [`Fabric::run_ahead`].
+/// Which transfers of a step go ahead of the next one, and how long they are held back: see
+/// [`Fabric::run_ahead`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ahead {
     /// The index of the first transfer that goes ahead; every later one goes ahead too.
@@ -537,9 +537,29 @@ pub struct Ahead {
 }
 
 impl Ahead {
+    /// None of a step of `len` transfers goes ahead: [`Fabric::run_ahead`] is then
+    /// [`Fabric::run`].
+    pub fn none(len: usize) -> Ahead {
+        Ahead {
+            from: len,
+            hold: Duration::ZERO,
+        }
+    }
+
+    /// Says in `moved` that every transfer of `step` that goes ahead moved whole: what a
+    /// fabric that runs them to their end with the step reports.
+    pub fn all_moved(&self, step: &[Transfer<'_>], moved: &mut [usize]) {
+        let ahead = step.get(self.from..).unwrap_or_default();
+        for (m, t) in moved.iter_mut().zip(ahead) {
+            *m = t.len();
+        }
+    }
+
     /// Whether `step` and `moved` fit this: `from` within the step, one entry of `moved` per
     /// transfer that goes ahead, and none of those a [`Transfer::Forward`]. A step that does
-    /// not fit fails with [`FailureKind::Invalid`] before anything moves.
+    /// not fit fails with [`FailureKind::Invalid`] before anything moves, naming its first
+    /// transfer (an empty step, which has none, names channel 0 of rank 0). Every
+    /// [`Fabric::run_ahead`] checks its step with it before it moves anything.
     pub fn check(&self, step: &[Transfer<'_>], moved: &[usize]) -> Result<(), FabricError> {
         if self.from > step.len() || moved.len() != step.len() - self.from {
             let what = format!(
@@ -602,13 +622,15 @@ pub trait Fabric {
     /// `ahead.from` are done; `moved` (one entry per transfer from `ahead.from` on) then says
     /// how many bytes of each moved, and the caller runs the rest at the start of the next
     /// step on the same channel. Only sends and receives go ahead (no [`Transfer::Forward`]).
+    /// An implementation checks `step`, `ahead` and `moved` with [`Ahead::check`] before it
+    /// moves anything.
     ///
-    /// Why: the nuvec wire sends an operation's header on every link before it waits for
-    /// anything, so that a peer whose program called something else reads it at once; but a
-    /// header alone is a message of its own, with its system calls, packet and wake-up on both
-    /// ends, where the next step's message could carry it. Held back, it still goes out as
-    /// soon as a step is held up (a peer's mismatch is then found `hold` later), and costs
-    /// nothing when the step ends in time.
+    /// Why: the nuvec wire puts an operation's header on every link soon after the operation
+    /// begins, whatever it waits for, so that a peer whose program called something else reads
+    /// it; but a header alone is a message of its own, with its system calls, packet and
+    /// wake-up on both ends, where the next step's message could carry it. Held back, it still
+    /// goes out once a step is held up (a peer's mismatch is then found about `hold` later),
+    /// and costs nothing when the step ends in time.
     ///
     /// The default (the RDMA fabric, fabrics of tests) runs every transfer to its end as
     /// [`run`](Fabric::run), sending the held ones at once: the same bytes in the same order
@@ -622,9 +644,7 @@ pub trait Fabric {
     ) -> Result<(), FabricError> {
         ahead.check(step, moved)?;
         self.run(step, deadline)?;
-        for (m, t) in moved.iter_mut().zip(&step[ahead.from..]) {
-            *m = t.len();
-        }
+        ahead.all_moved(step, moved);
         Ok(())
     }
 
@@ -963,6 +983,39 @@ impl Wiring {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transfers_that_go_ahead_must_lie_within_the_step_with_a_count_each_and_no_forward() {
+        let (data, mut buf) = ([1u8; 4], [0u8; 4]);
+        let channel = Channel::new(1, 0);
+        let mut step = [
+            Transfer::Recv {
+                channel,
+                landing: Landing::Into(&mut buf),
+            },
+            Transfer::Send {
+                channel,
+                data: &data,
+            },
+        ];
+        let hold = Duration::from_millis(1);
+        let invalid = |r: Result<(), FabricError>| matches!(r, Err(e) if matches!(e.kind, FailureKind::Invalid(_)) && e.done == 0);
+        assert!(Ahead { from: 1, hold }.check(&step, &[0]).is_ok());
+        assert!(Ahead::none(2).check(&step, &[]).is_ok());
+        assert!(invalid(Ahead { from: 1, hold }.check(&step, &[])));
+        assert!(invalid(Ahead { from: 3, hold }.check(&step, &[])));
+        assert!(invalid(Ahead { from: 1, hold }.check(&[], &[0])));
+        assert!(Ahead::none(0).check(&[], &[]).is_ok());
+        step[1] = Transfer::Forward {
+            channel,
+            of: 0,
+            len: 4,
+        };
+        assert!(invalid(Ahead { from: 1, hold }.check(&step, &[0])));
+        let mut moved = [0usize; 1];
+        Ahead { from: 1, hold }.all_moved(&step, &mut moved);
+        assert_eq!(moved, [4]);
+    }
 
     #[test]
     fn a_ring_of_three_numbers_both_neighbours_from_zero() {

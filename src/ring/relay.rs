@@ -146,13 +146,14 @@ const fn parse_bytes(text: &str) -> usize {
 /// whichever link it waits on; but alone it is a message of its own, with its system calls,
 /// packet and wake-up at both ends, where the second step's message to that neighbour can
 /// carry it. So it waits: a step that ends within the hold (every step where the ranks'
-/// calls agree and they arrive within the hold of each other) leaves it to the second step,
-/// which sends it with its vectors in one write and reads the neighbour's with theirs, and a
-/// step held up sends and reads it then. A mismatch is found at most this much later, which
-/// is nothing next to a job that fails; a rank that arrives later than this costs what the
-/// header sent at once cost before. A millisecond is long next to the step it waits on, a
-/// few tens of µs on one machine and one hop (half a ping of 0.38–0.95 ms) over Thunderbolt
-/// IP.
+/// calls agree and they arrive within the hold, less a hop, of each other) leaves it to the
+/// second step, which sends it with its vectors in one write and reads the neighbour's with
+/// theirs, and a step held up sends and reads it then. A mismatch is found about this much
+/// (and a hop) later, which is nothing next to a job that fails; a rank that arrives later
+/// than this costs what the header sent at once cost before. A millisecond is long next to
+/// the step it waits on on one machine (a few tens of µs), and 2 to 5 times a hop over
+/// Thunderbolt IP (half a ping of 0.38–0.95 ms), where ranks may then arrive about half a
+/// millisecond apart and still send 2 messages each.
 ///
 /// Measured on 4 unshaped hosts of the emulated cluster, 4 KiB all_sum through nuvec arrays
 /// (`RATE=none RANKS=4 SIZES=4K REPS=3 IMPLS="arrays arraysmlx" benches/cluster.sh`, p50 µs
