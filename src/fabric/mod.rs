@@ -456,6 +456,19 @@ pub enum FailureKind {
         /// The rank that said it failed.
         rank: usize,
     },
+    /// Rank `rank` closed a link on which this operation still sends, in a later step, while
+    /// this rank's step waited on the transfer the error names (on another link): the closing
+    /// rank failed, or its program ended early, so the operation cannot complete. Named apart
+    /// from [`FailureKind::Closed`] so that the error says both what the step waited for (often
+    /// the rank that held every rank up) and which rank left.
+    #[error(
+        "the connection was closed by rank {rank}, whose link this operation still sends on (it \
+         failed or its program ended; its own error says why)"
+    )]
+    ClosedBy {
+        /// The rank that closed its link.
+        rank: usize,
+    },
     /// The link went silent: the peer's kernel acknowledged nothing (no sent byte, no
     /// keepalive probe) for the link timeout, as a cut cable or a dead host does; a peer
     /// that is only slow or stopped still acknowledges.

@@ -192,7 +192,8 @@ pub fn all_reduce<F: Fabric + ?Sized>(
 /// raises and leaves) becomes [`FailureKind::ClosedBeyondMlx`], naming the rule, so the error
 /// says why rather than only that the peer left.
 fn beyond_mlx(mut e: FabricError, elements: usize, s: usize, ranks: usize) -> FabricError {
-    if e.kind == FailureKind::Closed && beyond_mlx_small_path(elements, s, ranks) {
+    let closed = matches!(e.kind, FailureKind::Closed | FailureKind::ClosedBy { .. });
+    if closed && beyond_mlx_small_path(elements, s, ranks) {
         e.kind = FailureKind::ClosedBeyondMlx(format!(
             "during an all-reduce of {elements} element(s) of {s} bytes on {ranks} ranks, which \
              MLX refuses (fewer elements than ranks and element size × ranks = {} > \

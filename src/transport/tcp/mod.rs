@@ -1439,6 +1439,22 @@ impl TcpFabric {
                     .zip(progress)
                     .filter(|(t, p)| t.channel() == channel && p.done < t.len())
                     .min_by_key(|(t, _)| t.direction() != Direction::Recv);
+                // A link this step has nothing on closed, and a later step sends on it: the
+                // error is the step's wait, elsewhere, which the close ended (a neighbour that
+                // timed out on the same stalled rank closes its links a moment before this
+                // rank would have timed out on it too).
+                if open.is_none()
+                    && kind == FailureKind::Closed
+                    && let Some(i) = most_stuck(&step[..need], |i| progress[i].done)
+                {
+                    return Some(FabricError {
+                        channel: step[i].channel(),
+                        direction: step[i].direction(),
+                        done: progress[i].done,
+                        total: step[i].len(),
+                        kind: FailureKind::ClosedBy { rank: peer },
+                    });
+                }
                 return Some(match open {
                     Some((t, p)) => FabricError {
                         channel,
@@ -2658,5 +2674,31 @@ mod tests {
             .expect_err("one transfer ahead, no count for it");
         assert!(matches!(e.kind, FailureKind::Invalid(_)), "{e}");
         assert_eq!(e.done, 0);
+    }
+
+    #[test]
+    fn a_neighbour_that_closes_a_link_a_later_step_sends_on_fails_the_wait_elsewhere_naming_both() {
+        let (mut zero, one, _two) = three();
+        let (to_one, to_two) = (Channel::new(1, 0), Channel::new(2, 0));
+        // Rank 0 waits for rank 2, which sends nothing; a later step sends to rank 1, which
+        // closes its link (as a neighbour that timed out on the same rank does).
+        zero.sends_later(&[to_one]);
+        drop(one);
+        let mut bytes = [0u8; 8];
+        let mut step = [Transfer::Recv {
+            channel: to_two,
+            landing: Landing::Into(&mut bytes),
+        }];
+        let started = zero.now();
+        let deadline = started + Duration::from_secs(5);
+        let e = zero.run(&mut step, deadline).expect_err("rank 1 left");
+        assert_eq!(e.kind, FailureKind::ClosedBy { rank: 1 }, "{e}");
+        assert_eq!((e.peer(), e.direction), (2, Direction::Recv), "{e}");
+        assert!(!e.is_timeout(), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("rank 2") && text.contains("closed by rank 1"),
+            "{text}"
+        );
     }
 }
