@@ -1444,6 +1444,7 @@ impl TcpFabric {
                 // timed out on the same stalled rank closes its links a moment before this
                 // rank would have timed out on it too).
                 if open.is_none()
+                    && needed
                     && kind == FailureKind::Closed
                     && let Some(i) = most_stuck(&step[..need], |i| progress[i].done)
                 {
@@ -2700,5 +2701,31 @@ mod tests {
             text.contains("rank 2") && text.contains("closed by rank 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_reset_of_a_link_no_step_sends_on_is_named_on_that_link_not_blamed_on_the_wait() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address");
+        let to_one = TcpStream::connect(address).expect("connect");
+        let (one, _) = listener.accept().expect("accept");
+        let to_two = TcpStream::connect(address).expect("connect");
+        let (_two, _) = listener.accept().expect("accept");
+        let mut zero =
+            TcpFabric::from_streams(0, vec![vec![], vec![to_one], vec![to_two]]).expect("rank 0");
+        // Rank 1 resets its link (it closes with no linger): this operation sends nothing to
+        // it, so the error names that link, and does not say the operation still needs it.
+        socket2::SockRef::from(&one)
+            .set_linger(Some(Duration::ZERO))
+            .expect("linger");
+        drop(one);
+        let mut bytes = [0u8; 8];
+        let mut step = [Transfer::Recv {
+            channel: Channel::new(2, 0),
+            landing: Landing::Into(&mut bytes),
+        }];
+        let deadline = zero.now() + Duration::from_secs(5);
+        let e = zero.run(&mut step, deadline).expect_err("a reset link");
+        assert_eq!((e.kind.clone(), e.peer()), (FailureKind::Closed, 1), "{e}");
     }
 }
