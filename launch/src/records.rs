@@ -700,9 +700,9 @@ fn first_failure(
         let blaming: Vec<(usize, &Op)> = failed
             .iter()
             .filter(|(_, _, o)| {
-                o.error.as_deref().is_some_and(|e| {
-                    blamed_peer(e) == Some(peer) && failure::blames_a_peer(&[e.to_owned()])
-                })
+                o.error
+                    .as_deref()
+                    .is_some_and(|e| names_peer(e, peer) && failure::blames_a_peer(&[e.to_owned()]))
             })
             .map(|&(_, r, o)| (r, o))
             .collect();
@@ -848,6 +848,13 @@ fn blamed_peer(error: &str) -> Option<usize> {
     })
 }
 
+/// Whether `error` names rank `peer` as the cause of its failure: the rank it blames (see
+/// [`blamed_peer`]), or one that closed a link the operation still needed while it waited on
+/// another rank (`the connection was closed by rank 1 on link 0`).
+fn names_peer(error: &str, peer: usize) -> bool {
+    blamed_peer(error) == Some(peer) || error.contains(&format!("closed by rank {peer} on link"))
+}
+
 /// The table and the findings, as printed.
 pub(crate) fn render(d: &Diagnosis) -> String {
     let mut table = vec![
@@ -967,6 +974,17 @@ mod tests {
         let closed = "receiving from rank 3 link 1 (0 of 8 bytes): the connection was closed \
                       by the peer";
         assert_eq!(blamed_peer(closed), Some(3));
+    }
+
+    #[test]
+    fn an_error_whose_wait_a_neighbour_ended_blames_the_rank_waited_on_and_names_the_neighbour() {
+        let error = "distributed: rank 0: all_sum #1 (16777216 bytes) failed after 2.999s: \
+                     receiving from rank 2 link 0 (0 of 8 bytes): the connection was closed by \
+                     rank 1 on link 0, which this operation still sends on (it failed or its \
+                     program ended; its own error, if it has one, says why)";
+        assert_eq!(blamed_peer(error), Some(2));
+        assert!(names_peer(error, 2) && names_peer(error, 1) && !names_peer(error, 0));
+        assert!(failure::blames_a_peer(&[error.to_owned()]));
     }
 
     #[test]

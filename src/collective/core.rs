@@ -23,7 +23,7 @@ use crate::collective::patience::{Both, Reporter, Running};
 use crate::collective::record::{self, Call, Record};
 use crate::config::log::Log;
 use crate::error::Error;
-use crate::fabric::{Fabric, FabricError};
+use crate::fabric::{Fabric, FabricError, FailureKind};
 use crate::sync::{Mutex, MutexGuard};
 
 /// What a communicator guards with its lock: the fabric, reusable buffers, the sequence
@@ -198,10 +198,14 @@ impl<F: Fabric, S> State<F, S> {
             let waited = fabric.now().saturating_sub(start);
             // The peer this rank was waiting for may only have given up because another one
             // failed first: say which other peers are unreachable too.
+            let closer = match source.kind {
+                FailureKind::ClosedBy { rank, .. } => Some(rank),
+                _ => None,
+            };
             let unreachable = fabric
                 .probe()
                 .into_iter()
-                .filter(|(peer, _)| *peer != source.peer())
+                .filter(|(peer, _)| *peer != source.peer() && Some(*peer) != closer)
                 .collect();
             let error = Error::Transport {
                 rank,

@@ -456,18 +456,21 @@ pub enum FailureKind {
         /// The rank that said it failed.
         rank: usize,
     },
-    /// Rank `rank` closed a link on which this operation still sends, in a later step, while
-    /// this rank's step waited on the transfer the error names (on another link): the closing
-    /// rank failed, or its program ended early, so the operation cannot complete. Named apart
-    /// from [`FailureKind::Closed`] so that the error says both what the step waited for (often
-    /// the rank that held every rank up) and which rank left.
+    /// Rank `rank` closed its `link` to this rank, on which this operation still sends in a
+    /// later step, while this rank's step waited on the transfer the error names (whose
+    /// channel is another): the closing rank failed, or its program ended early, so the
+    /// operation cannot complete. Named apart from [`FailureKind::Closed`] so that the error
+    /// says both what the step waited for (often the rank that held every rank up) and which
+    /// rank left.
     #[error(
-        "the connection was closed by rank {rank}, whose link this operation still sends on (it \
-         failed or its program ended; its own error says why)"
+        "the connection was closed by rank {rank} on link {link}, which this operation still \
+         sends on (it failed or its program ended; its own error, if it has one, says why)"
     )]
     ClosedBy {
         /// The rank that closed its link.
         rank: usize,
+        /// The link it closed (the index of the channel to it).
+        link: usize,
     },
     /// The link went silent: the peer's kernel acknowledged nothing (no sent byte, no
     /// keepalive probe) for the link timeout, as a cut cable or a dead host does; a peer
@@ -697,7 +700,8 @@ pub trait Fabric {
     /// The operation under way sends bytes on `channels` in a step after the next one run:
     /// their peers cannot have finished it without those bytes, so one that closes such a
     /// channel has failed, and the step under way fails at its next look at the links' health
-    /// (over TCP, within half a second), whatever links it waits on, rather than wait for its
+    /// (over TCP, within half a second; [`FailureKind::ClosedBy`] on the transfer it waits on),
+    /// whatever links it waits on, rather than wait for its
     /// deadline (a neighbour whose `send` returned keeps its links open and writes nothing
     /// more, so only the close of a rank further round can end the wait). An algorithm says it
     /// before each step of an operation, with no channel before its last;

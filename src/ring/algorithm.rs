@@ -192,8 +192,17 @@ pub fn all_reduce<F: Fabric + ?Sized>(
 /// raises and leaves) becomes [`FailureKind::ClosedBeyondMlx`], naming the rule, so the error
 /// says why rather than only that the peer left.
 fn beyond_mlx(mut e: FabricError, elements: usize, s: usize, ranks: usize) -> FabricError {
-    let closed = matches!(e.kind, FailureKind::Closed | FailureKind::ClosedBy { .. });
-    if closed && beyond_mlx_small_path(elements, s, ranks) {
+    if let FailureKind::ClosedBy { rank, link } = e.kind {
+        // The rule explains the close, and the error names the link that closed, not the
+        // transfer the step waited on elsewhere.
+        if beyond_mlx_small_path(elements, s, ranks) {
+            e.channel = Channel::new(rank, link);
+            e.direction = Direction::Send;
+            (e.done, e.total) = (0, 0);
+            e.kind = FailureKind::Closed;
+        }
+    }
+    if e.kind == FailureKind::Closed && beyond_mlx_small_path(elements, s, ranks) {
         e.kind = FailureKind::ClosedBeyondMlx(format!(
             "during an all-reduce of {elements} element(s) of {s} bytes on {ranks} ranks, which \
              MLX refuses (fewer elements than ranks and element size × ranks = {} > \
@@ -535,6 +544,27 @@ pub fn recv<F: Fabric + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_close_elsewhere_beyond_mlxs_small_path_names_the_link_that_closed_and_the_rule() {
+        // 3 ranks, 2 elements of 1 KiB: MLX throws, and its rank closes rank 0's link 0 to
+        // rank 1 while rank 0 waits on rank 2.
+        let closed = FabricError {
+            channel: Channel::new(2, 0),
+            direction: Direction::Recv,
+            done: 0,
+            total: 1024,
+            kind: FailureKind::ClosedBy { rank: 1, link: 0 },
+        };
+        let e = beyond_mlx(closed.clone(), 2, 1024, 3);
+        assert!(matches!(e.kind, FailureKind::ClosedBeyondMlx(_)), "{e}");
+        assert_eq!(
+            (e.channel, e.direction),
+            (Channel::new(1, 0), Direction::Send)
+        );
+        // Within MLX's rules the close elsewhere stays as it was.
+        assert_eq!(beyond_mlx(closed.clone(), 3, 4, 3), closed);
+    }
 
     #[test]
     fn carving_returns_slices_in_the_order_asked() {

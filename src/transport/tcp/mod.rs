@@ -1363,7 +1363,9 @@ impl TcpFabric {
 
     /// The first link found failed, silent (see [`liveness`]) or whose peer told it that it
     /// failed (see [`notice`]), as the failure of `step`'s open transfer on it (receives
-    /// first), or of the link alone when `step` has none there.
+    /// first), or of the link alone when `step` has none there; a link the step has nothing on
+    /// that closed while a later step sends on it fails the transfer the step is stuck on
+    /// ([`FailureKind::ClosedBy`]), unless another link failed too.
     fn check_links(
         &mut self,
         step: &[Transfer<'_>],
@@ -1390,6 +1392,8 @@ impl TcpFabric {
         need: usize,
     ) -> Option<FabricError> {
         let limit = self.link_timeout;
+        // A link closed by a neighbour that this step has nothing on (see below).
+        let mut closed_by = None;
         for (peer, row) in self.links.iter().enumerate() {
             for (link, l) in row.iter().enumerate() {
                 // A peek returns the connection's hard error only (a reset, the kernel giving
@@ -1443,18 +1447,20 @@ impl TcpFabric {
                 // error is the step's wait, elsewhere, which the close ended (a neighbour that
                 // timed out on the same stalled rank closes its links a moment before this
                 // rank would have timed out on it too).
+                // Kept while the other links are looked at: one of them may have failed first.
                 if open.is_none()
                     && needed
                     && kind == FailureKind::Closed
                     && let Some(i) = most_stuck(&step[..need], |i| progress[i].done)
                 {
-                    return Some(FabricError {
+                    closed_by = closed_by.or(Some(FabricError {
                         channel: step[i].channel(),
                         direction: step[i].direction(),
                         done: progress[i].done,
                         total: step[i].len(),
-                        kind: FailureKind::ClosedBy { rank: peer },
-                    });
+                        kind: FailureKind::ClosedBy { rank: peer, link },
+                    }));
+                    continue;
                 }
                 return Some(match open {
                     Some((t, p)) => FabricError {
@@ -1479,7 +1485,7 @@ impl TcpFabric {
                 });
             }
         }
-        None
+        closed_by
     }
 
     /// The first peer's notice that it failed (see [`notice`]), as [`peer_failed`].
@@ -2693,7 +2699,7 @@ mod tests {
         let started = zero.now();
         let deadline = started + Duration::from_secs(5);
         let e = zero.run(&mut step, deadline).expect_err("rank 1 left");
-        assert_eq!(e.kind, FailureKind::ClosedBy { rank: 1 }, "{e}");
+        assert_eq!(e.kind, FailureKind::ClosedBy { rank: 1, link: 0 }, "{e}");
         assert_eq!((e.peer(), e.direction), (2, Direction::Recv), "{e}");
         assert!(!e.is_timeout(), "{e}");
         let text = e.to_string();
