@@ -2417,15 +2417,7 @@ mod tests {
     /// grace, long before its deadline, and while rank 1 still holds its link open.
     #[test]
     fn a_peer_that_says_it_failed_fails_a_step_that_waits_on_another_link_naming_both() {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let address = listener.local_addr().expect("address");
-        let to_one = TcpStream::connect(address).expect("connect");
-        let (one, _) = listener.accept().expect("accept");
-        let to_two = TcpStream::connect(address).expect("connect");
-        let (_two, _) = listener.accept().expect("accept");
-        let mut zero =
-            TcpFabric::from_streams(0, vec![vec![], vec![to_one], vec![to_two]]).expect("rank 0");
-        let mut one = TcpFabric::from_streams(1, vec![vec![one], vec![], vec![]]).expect("rank 1");
+        let (mut zero, mut one, _two) = three();
         one.tell_failed();
         let e = receive_fails_soon(&mut zero, 2);
         assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
@@ -2457,6 +2449,14 @@ mod tests {
     /// Ranks 0, 1 and 2 over loopback: rank 0 holds a link to each of the others, which hold
     /// only their link to rank 0.
     fn three() -> (TcpFabric, TcpFabric, TcpFabric) {
+        let (zero, one, two) = rank_zero_of_three();
+        let one = TcpFabric::from_streams(1, vec![vec![one], vec![], vec![]]).expect("rank 1");
+        let two = TcpFabric::from_streams(2, vec![vec![two], vec![], vec![]]).expect("rank 2");
+        (zero, one, two)
+    }
+
+    /// Rank 0's fabric of [`three`], with ranks 1's and 2's ends of its links as plain streams.
+    fn rank_zero_of_three() -> (TcpFabric, TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let address = listener.local_addr().expect("address");
         let to_one = TcpStream::connect(address).expect("connect");
@@ -2465,9 +2465,33 @@ mod tests {
         let (two, _) = listener.accept().expect("accept");
         let zero =
             TcpFabric::from_streams(0, vec![vec![], vec![to_one], vec![to_two]]).expect("rank 0");
-        let one = TcpFabric::from_streams(1, vec![vec![one], vec![], vec![]]).expect("rank 1");
-        let two = TcpFabric::from_streams(2, vec![vec![two], vec![], vec![]]).expect("rank 2");
         (zero, one, two)
+    }
+
+    /// A step that waits to receive `bytes` on `wait`, then, ahead of the next step, sends
+    /// `ours` to `to` and receives its header into `theirs`, judged by `check`.
+    fn ahead_step<'a>(
+        wait: Channel,
+        bytes: &'a mut [u8],
+        to: Channel,
+        ours: &'a [u8],
+        theirs: &'a mut [u8],
+        check: &'a dyn crate::fabric::Check,
+    ) -> [Transfer<'a>; 3] {
+        [
+            Transfer::Recv {
+                channel: wait,
+                landing: Landing::Into(bytes),
+            },
+            Transfer::Send {
+                channel: to,
+                data: ours,
+            },
+            Transfer::Recv {
+                channel: to,
+                landing: Landing::Checked { buf: theirs, check },
+            },
+        ]
     }
 
     #[test]
@@ -2508,23 +2532,7 @@ mod tests {
         let (mut bytes, mut theirs) = ([0u8; 4], [0u8; 32]);
         let mut moved = [usize::MAX; 2];
         {
-            let mut step = [
-                Transfer::Recv {
-                    channel: to_one,
-                    landing: Landing::Into(&mut bytes),
-                },
-                Transfer::Send {
-                    channel: to_one,
-                    data: &ours,
-                },
-                Transfer::Recv {
-                    channel: to_one,
-                    landing: Landing::Checked {
-                        buf: &mut theirs,
-                        check: &Any,
-                    },
-                },
-            ];
+            let mut step = ahead_step(to_one, &mut bytes, to_one, &ours, &mut theirs, &Any);
             let ahead = Ahead {
                 from: 1,
                 hold: Duration::from_secs(30),
@@ -2599,23 +2607,7 @@ mod tests {
         let mut moved = [0usize; 2];
         let started = zero.now();
         {
-            let mut step = [
-                Transfer::Recv {
-                    channel: to_two,
-                    landing: Landing::Into(&mut bytes),
-                },
-                Transfer::Send {
-                    channel: to_one,
-                    data: &ours,
-                },
-                Transfer::Recv {
-                    channel: to_one,
-                    landing: Landing::Checked {
-                        buf: &mut theirs,
-                        check: &Any,
-                    },
-                },
-            ];
+            let mut step = ahead_step(to_two, &mut bytes, to_one, &ours, &mut theirs, &Any);
             let deadline = zero.now() + Duration::from_secs(30);
             zero.run_ahead(&mut step, Ahead { from: 1, hold }, deadline, &mut moved)
                 .expect("rank 0's step");
@@ -2635,23 +2627,8 @@ mod tests {
         let (ours, mut bytes, mut theirs) = ([3u8; 32], [0u8; 4], [0u8; 32]);
         let mut moved = [0usize; 2];
         let started = zero.now();
-        let mut step = [
-            Transfer::Recv {
-                channel: Channel::new(2, 0),
-                landing: Landing::Into(&mut bytes),
-            },
-            Transfer::Send {
-                channel: to_one,
-                data: &ours,
-            },
-            Transfer::Recv {
-                channel: to_one,
-                landing: Landing::Checked {
-                    buf: &mut theirs,
-                    check: &NotNine,
-                },
-            },
-        ];
+        let to_two = Channel::new(2, 0);
+        let mut step = ahead_step(to_two, &mut bytes, to_one, &ours, &mut theirs, &NotNine);
         let deadline = zero.now() + Duration::from_secs(5);
         let e = zero
             .run_ahead(&mut step, Ahead { from: 1, hold }, deadline, &mut moved)
@@ -2686,19 +2663,11 @@ mod tests {
     #[test]
     fn a_neighbour_that_closes_a_link_a_later_step_sends_on_fails_the_wait_elsewhere_naming_both() {
         let (mut zero, one, _two) = three();
-        let (to_one, to_two) = (Channel::new(1, 0), Channel::new(2, 0));
         // Rank 0 waits for rank 2, which sends nothing; a later step sends to rank 1, which
         // closes its link (as a neighbour that timed out on the same rank does).
-        zero.sends_later(&[to_one]);
+        zero.sends_later(&[Channel::new(1, 0)]);
         drop(one);
-        let mut bytes = [0u8; 8];
-        let mut step = [Transfer::Recv {
-            channel: to_two,
-            landing: Landing::Into(&mut bytes),
-        }];
-        let started = zero.now();
-        let deadline = started + Duration::from_secs(5);
-        let e = zero.run(&mut step, deadline).expect_err("rank 1 left");
+        let e = receive_fails_soon(&mut zero, 2);
         assert_eq!(e.kind, FailureKind::ClosedBy { rank: 1, link: 0 }, "{e}");
         assert_eq!((e.peer(), e.direction), (2, Direction::Recv), "{e}");
         assert!(!e.is_timeout(), "{e}");
@@ -2711,27 +2680,14 @@ mod tests {
 
     #[test]
     fn a_reset_of_a_link_no_step_sends_on_is_named_on_that_link_not_blamed_on_the_wait() {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let address = listener.local_addr().expect("address");
-        let to_one = TcpStream::connect(address).expect("connect");
-        let (one, _) = listener.accept().expect("accept");
-        let to_two = TcpStream::connect(address).expect("connect");
-        let (_two, _) = listener.accept().expect("accept");
-        let mut zero =
-            TcpFabric::from_streams(0, vec![vec![], vec![to_one], vec![to_two]]).expect("rank 0");
+        let (mut zero, one, _two) = rank_zero_of_three();
         // Rank 1 resets its link (it closes with no linger): this operation sends nothing to
         // it, so the error names that link, and does not say the operation still needs it.
         socket2::SockRef::from(&one)
             .set_linger(Some(Duration::ZERO))
             .expect("linger");
         drop(one);
-        let mut bytes = [0u8; 8];
-        let mut step = [Transfer::Recv {
-            channel: Channel::new(2, 0),
-            landing: Landing::Into(&mut bytes),
-        }];
-        let deadline = zero.now() + Duration::from_secs(5);
-        let e = zero.run(&mut step, deadline).expect_err("a reset link");
+        let e = receive_fails_soon(&mut zero, 2);
         assert_eq!((e.kind.clone(), e.peer()), (FailureKind::Closed, 1), "{e}");
     }
 }
