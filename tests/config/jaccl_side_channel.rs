@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use nuvec_distributed::Error;
 use nuvec_distributed::jaccl::{Destination, SideChannel};
 
+use crate::common::ports;
+
 /// The timeout of runs expected to succeed.
 const LONG: Duration = Duration::from_secs(20);
 /// The timeout of runs expected to fail by timing out.
@@ -128,13 +130,10 @@ fn scripted_coordinator() -> (TcpListener, String) {
     (l, addr)
 }
 
-/// A free loopback address (bound then released).
+/// A free loopback address, held until a rank binds it (see `common::ports`): a port bound
+/// and released at once can be taken by another test before rank 0 listens on it.
 fn free_addr() -> String {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string()
+    ports::free_nodes(1, 1)[0][0].clone()
 }
 
 /// Connects to `addr`, retrying for 10 s while nobody listens.

@@ -21,7 +21,6 @@
 //! tests.
 #![cfg(feature = "jaccl")]
 
-use std::net::TcpListener;
 use std::thread;
 use std::time::Duration;
 
@@ -77,7 +76,7 @@ fn a_side_channel_of_another_group_is_refused_before_any_device_is_opened() {
 
 #[test]
 fn connecting_over_a_device_that_does_not_exist_names_the_device_and_the_peer() {
-    let coordinator = free_loopback_address();
+    let coordinator = ports::free_nodes(1, 1)[0][0].clone();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
             let coordinator = coordinator.clone();
@@ -207,12 +206,6 @@ fn mesh_matrix(size: usize, name: &str) -> Vec<Vec<Vec<String>>> {
                 .collect()
         })
         .collect()
-}
-
-/// A loopback address with a port that was free a moment ago.
-fn free_loopback_address() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
 }
 
 /// The hardware test, as a child of this binary.
