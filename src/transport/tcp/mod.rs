@@ -1147,8 +1147,12 @@ impl TcpFabric {
                 judged: false,
             })
             .collect();
-        let result = self.drive(step, &mut progress, ahead, deadline, started);
-        for (m, p) in moved.iter_mut().zip(&progress[ahead.from..]) {
+        let need = ahead.from;
+        let result = match self.drive(step, &mut progress, ahead, deadline, started) {
+            Err(e) => Err(self.announced(e, &step[..need], &progress[..need])),
+            ok => ok,
+        };
+        for (m, p) in moved.iter_mut().zip(&progress[need..]) {
             *m = p.done;
         }
         if result.is_err() {
@@ -1486,6 +1490,45 @@ impl TcpFabric {
             }
         }
         closed_by
+    }
+
+    /// Failure `e` of `step`, or, where `e` is a link's close whose peer said first that it
+    /// failed (see [`notice`]), that peer's failure ([`peer_failed`]): the close is its
+    /// consequence, and the notice says why. A rank that fails on the nuvec wire tells its
+    /// peers, then closes its links; a peer whose transfer on such a link meets the close
+    /// before its step has looked for notices (a send to a local link found gone, a send or
+    /// receive on a TCP link reset) names the rank that failed, as a wait ended by the notice
+    /// does, instead of a bare close. As [`check_each_link`](Self::check_each_link) does for
+    /// a reset it finds.
+    fn announced(
+        &mut self,
+        e: FabricError,
+        step: &[Transfer<'_>],
+        progress: &[Progress],
+    ) -> FabricError {
+        if e.kind != FailureKind::Closed {
+            return e;
+        }
+        let peer = e.channel.peer;
+        let Some(l) = self
+            .links
+            .get_mut(peer)
+            .and_then(|row| row.get_mut(e.channel.link))
+        else {
+            return e;
+        };
+        if l.local.is_none() {
+            // Kept: the urgent byte is read once, and `probe` reports it after the step.
+            l.told |= notice::told(&l.stream);
+        } else if !l.gone {
+            // A local link's notice is a doorbell: one a drain has not read yet.
+            l.ring(drain(&l.stream));
+        }
+        if l.told {
+            peer_failed(step, progress, peer)
+        } else {
+            e
+        }
     }
 
     /// The first peer's notice that it failed (see [`notice`]), as [`peer_failed`].
@@ -2434,6 +2477,34 @@ mod tests {
         assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
         assert_eq!(e.peer(), 1, "{e}");
         drop(one);
+    }
+
+    /// A send to a local link whose peer said it failed and closed it fails at once, naming
+    /// the peer's failure rather than a bare close (what a rank that starts its operation
+    /// after a neighbour failed meets, before any of its waits has looked for notices).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_send_to_a_local_link_whose_peer_said_it_failed_and_left_names_the_failure() {
+        let (mut zero, mut one) = local_pair();
+        one.tell_failed();
+        drop(one);
+        // The wait that reads the notice, and the link's end after it.
+        let e = receive_fails_soon(&mut zero, 1);
+        assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
+        let data = [7u8; 32];
+        let mut step = [Transfer::Send {
+            channel: Channel::new(1, 0),
+            data: &data,
+        }];
+        let deadline = zero.now() + Duration::from_secs(30);
+        let e = zero.run(&mut step, deadline).expect_err("rank 1 is gone");
+        assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
+        assert_eq!(
+            (e.direction, e.done, e.total),
+            (Direction::Send, 0, 32),
+            "{e}"
+        );
+        assert!(e.to_string().contains("rank 1 failed"), "{e}");
     }
 
     /// `fabric` sends `bytes` to rank 0 on its link 0, in one step of at most 30 s.
