@@ -127,11 +127,23 @@ fn waited_secs(warning: &str) -> Option<f64> {
     rest.split_whitespace().next()?.parse().ok()
 }
 
+/// The warnings in a rank's output about its second all_sum (`#1`), the one the pause is in.
+/// A warning about the first is a real wait of more than the interval before anyone paused
+/// (a rank slow to reach it on a loaded machine, as when the whole suite runs at once): not
+/// what these tests are about, and not theirs to forbid.
+fn warnings_of_the_pause(output: &str) -> Vec<&str> {
+    warnings(output)
+        .into_iter()
+        .filter(|w| w.contains("all_sum #1 ("))
+        .collect()
+}
+
 /// Checks that every rank completed its second all_sum, and that rank 0 (which waits for the
 /// paused rank 2 directly) warned at least `at_least` times while rank 2 was paused (`pause`
-/// seconds), naming rank 2, the operation and a live link; rank 2 warned of nothing. A warning
-/// due as the pause ends (within half a second of it) may come after rank 2 has resumed, when
-/// rank 0 can be waiting on rank 1's share of the step instead: what it names is not checked.
+/// seconds), naming rank 2, the operation and a live link; rank 2 warned of nothing in that
+/// operation. A warning due as the pause ends (within half a second of it) may come after rank
+/// 2 has resumed, when rank 0 can be waiting on rank 1's share of the step instead: what it
+/// names is not checked.
 fn every_rank_completes_and_rank_zero_warns(
     finished: &[procs::Finished],
     at_least: usize,
@@ -145,7 +157,7 @@ fn every_rank_completes_and_rank_zero_warns(
             f.output
         );
     }
-    let zero: Vec<&str> = warnings(&finished[0].output)
+    let zero: Vec<&str> = warnings_of_the_pause(&finished[0].output)
         .into_iter()
         .filter(|w| waited_secs(w).is_none_or(|secs| secs < pause - 0.5))
         .collect();
@@ -164,7 +176,7 @@ fn every_rank_completes_and_rank_zero_warns(
         );
     }
     assert!(
-        warnings(&finished[2].output).is_empty(),
+        warnings_of_the_pause(&finished[2].output).is_empty(),
         "{}",
         finished[2].output
     );
