@@ -447,7 +447,8 @@ pub enum FailureKind {
     /// On the nuvec wire: rank `rank`'s group failed, and it said so before it closed its
     /// links ([`Fabric::tell_failed`]) while this rank's step waited, with nothing moving, on
     /// the transfer the error names (or a transfer of the step met the link's close, or its
-    /// reset, after the peer had said it). The telling rank's own error says why. ([`Fabric::probe`] reports such a peer as well.)
+    /// reset, after the peer had said it). The telling rank's own error says why.
+    /// ([`Fabric::probe`] reports such a peer as well.)
     #[error(
         "rank {rank} failed and left the group (it said so before it closed its links; its own \
          error says why)"

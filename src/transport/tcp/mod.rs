@@ -112,7 +112,8 @@ struct Link {
     /// A local link's doorbells were not all read: see [`Bells::Left`].
     bells_left: bool,
     /// The peer said it failed (see [`notice`]): a local link's doorbell [`notice::FAILED`],
-    /// or a TCP link's urgent byte found by [`Fabric::probe`].
+    /// or a TCP link's urgent byte, found by a step's look at its links, by a transfer that
+    /// met the link's close, or by [`Fabric::probe`].
     told: bool,
 }
 
@@ -1496,10 +1497,10 @@ impl TcpFabric {
     /// failed (see [`notice`]), that peer's failure ([`peer_failed`]): the close is its
     /// consequence, and the notice says why. A rank that fails on the nuvec wire tells its
     /// peers, then closes its links; a peer whose transfer on such a link meets the close
-    /// before its step has looked for notices (a send to a local link found gone, a send or
-    /// receive on a TCP link reset) names the rank that failed, as a wait ended by the notice
-    /// does, instead of a bare close. As [`check_each_link`](Self::check_each_link) does for
-    /// a reset it finds.
+    /// before its step has looked for notices (a send to a local link found gone, a TCP
+    /// link's end or reset) names the rank that failed, as a wait ended by the notice does,
+    /// instead of a bare close. As [`check_each_link`](Self::check_each_link) does for a
+    /// reset it finds.
     fn announced(
         &mut self,
         e: FabricError,
@@ -1520,14 +1521,23 @@ impl TcpFabric {
         if l.local.is_none() {
             // Kept: the urgent byte is read once, and `probe` reports it after the step.
             l.told |= notice::told(&l.stream);
-        } else if !l.gone {
-            // A local link's notice is a doorbell: one a drain has not read yet.
+        } else {
+            // A local link's notice is a doorbell that no drain may have read yet, also where
+            // the link is gone because a doorbell of ours could not be written (the peer reset
+            // it): the bytes queued before the end are still read.
             l.ring(drain(&l.stream));
         }
-        if l.told {
-            peer_failed(step, progress, peer)
-        } else {
-            e
+        if !l.told {
+            return e;
+        }
+        match most_stuck(step, |i| progress[i].done) {
+            Some(_) => peer_failed(step, progress, peer),
+            // The failed transfer was one held for the next step, and the step's own are done:
+            // the error stays on it.
+            None => FabricError {
+                kind: FailureKind::PeerFailed { rank: peer },
+                ..e
+            },
         }
     }
 
@@ -2505,6 +2515,32 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("rank 1 failed"), "{e}");
+    }
+
+    /// The same over TCP: a send to a peer that said it failed and closed its link meets the
+    /// link's reset (or its look at the links finds it first), and either way names the
+    /// failure.
+    #[test]
+    fn a_send_to_a_tcp_link_whose_peer_said_it_failed_and_left_names_the_failure() {
+        let (mut zero, mut one, _two) = three();
+        one.tell_failed();
+        drop(one);
+        // More than the socket buffers hold, so that the send meets the reset.
+        let data = vec![7u8; 16 << 20];
+        let mut step = [Transfer::Send {
+            channel: Channel::new(1, 0),
+            data: &data,
+        }];
+        let started = Instant::now();
+        let deadline = zero.now() + Duration::from_secs(30);
+        let e = zero.run(&mut step, deadline).expect_err("rank 1 is gone");
+        assert_eq!(e.kind, FailureKind::PeerFailed { rank: 1 }, "{e}");
+        assert_eq!((e.direction, e.peer()), (Direction::Send, 1), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     /// `fabric` sends `bytes` to rank 0 on its link 0, in one step of at most 30 s.

@@ -26,7 +26,9 @@
 //! moving, a notice fails it with
 //! [`FailureKind::PeerFailed`](crate::fabric::FailureKind::PeerFailed), naming the rank that
 //! told and the transfer it was stuck on, and it tells its own peers in turn: every rank of a
-//! ring fails within about a second.
+//! ring fails within about a second. A transfer that meets the close of a link whose peer told
+//! first fails at once, and names the notice too, not the bare close
+//! (`TcpFabric::announced`).
 //!
 //! MLX's wire never carries it (a Python MLX rank would not expect it), nor does a rank that
 //! ends its job normally. The TCP fabric does not write it on a TCP link on which the failed
