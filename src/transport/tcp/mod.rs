@@ -1272,15 +1272,17 @@ impl TcpFabric {
                 }
             }
             if now >= deadline {
-                let i = most_stuck(&step[..need], |i| progress[i].done).unwrap_or(0);
+                let waited = now.saturating_sub(started);
+                let i = self
+                    .on_a_losing_link(&step[..need], &progress[..need], waited)
+                    .or_else(|| most_stuck(&step[..need], |i| progress[i].done))
+                    .unwrap_or(0);
                 return Err(FabricError {
                     channel: step[i].channel(),
                     direction: step[i].direction(),
                     done: progress[i].done,
                     total: step[i].len(),
-                    kind: FailureKind::TimedOut {
-                        waited: now.saturating_sub(started),
-                    },
+                    kind: FailureKind::TimedOut { waited },
                 });
             }
             // Every link's health, not only those of this step: a dead host shows on whichever
@@ -1491,6 +1493,46 @@ impl TcpFabric {
             }
         }
         closed_by
+    }
+
+    /// The transfer of `step` a timeout names when some are on links that are losing bytes:
+    /// the most stuck of the unfinished transfers on TCP links whose sent bytes the kernel is
+    /// retransmitting with nothing acknowledged for at least half of `waited`
+    /// ([`liveness::silent`]); `None` where no such link carries one.
+    ///
+    /// Otherwise the least progress names the transfer, and where a host is cut off that can
+    /// be a live neighbour's: on 3 ranks, a rank's receive from the cut-off rank that had
+    /// begun before the cut, beside a receive from its other neighbour that had not (that
+    /// neighbour waits on the cut-off rank too). Both ranks left then blame each other, and
+    /// the launcher names their link. A peer that is only slow or stopped acknowledges, so its
+    /// link never counts as losing.
+    fn on_a_losing_link(
+        &self,
+        step: &[Transfer<'_>],
+        progress: &[Progress],
+        waited: Duration,
+    ) -> Option<usize> {
+        let losing = |c: Channel| {
+            self.links
+                .get(c.peer)
+                .and_then(|row| row.get(c.link))
+                .is_some_and(|l| {
+                    l.local.is_none() && liveness::silent(&l.stream, waited / 2) == Some(true)
+                })
+        };
+        let on_losing: smallvec::SmallVec<[bool; 8]> = step
+            .iter()
+            .zip(progress)
+            .map(|(t, p)| p.done < t.len() && losing(t.channel()))
+            .collect();
+        // The others count as done, so that only the transfers on losing links compete.
+        most_stuck(step, |i| {
+            if on_losing[i] {
+                progress[i].done
+            } else {
+                step[i].len()
+            }
+        })
     }
 
     /// Failure `e` of `step`, or, where `e` is a link's close whose peer said first that it
