@@ -118,6 +118,14 @@ struct Link {
 }
 
 impl Link {
+    /// Whether the peer said it failed (see [`notice`]), reading a TCP link's urgent byte if
+    /// it has come. Kept once found: the byte is read once, and [`Fabric::probe`] reports it
+    /// after the step. (A local link's notice is found by [`drain`]s of its doorbells.)
+    fn heard_notice(&mut self) -> bool {
+        self.told |= self.local.is_none() && notice::told(&self.stream);
+        self.told
+    }
+
     /// Takes what a [`drain`] of this local link's doorbells found.
     fn ring(&mut self, (bells, told): (Bells, bool)) {
         self.bells_left = bells == Bells::Left;
@@ -1059,9 +1067,7 @@ impl Fabric for TcpFabric {
                     Ok(Some(e)) => Some(e.to_string()),
                     _ => None,
                 });
-                // A peer that said it failed (kept: the byte is read once).
-                l.told |= l.local.is_none() && notice::told(&l.stream);
-                let state = if l.told {
+                let state = if l.heard_notice() {
                     Some("it said it failed and left the group".to_string())
                 } else {
                     state
@@ -1560,16 +1566,13 @@ impl TcpFabric {
         else {
             return e;
         };
-        if l.local.is_none() {
-            // Kept: the urgent byte is read once, and `probe` reports it after the step.
-            l.told |= notice::told(&l.stream);
-        } else {
+        if l.local.is_some() {
             // A local link's notice is a doorbell that no drain may have read yet, also where
             // the link is gone because a doorbell of ours could not be written (the peer reset
             // it): the bytes queued before the end are still read.
             l.ring(drain(&l.stream));
         }
-        if !l.told {
+        if !l.heard_notice() {
             return e;
         }
         match most_stuck(step, |i| progress[i].done) {
@@ -1585,13 +1588,10 @@ impl TcpFabric {
 
     /// The first peer's notice that it failed (see [`notice`]), as [`peer_failed`].
     fn told(&mut self, step: &[Transfer<'_>], progress: &[Progress]) -> Option<FabricError> {
-        let peer = self.links.iter_mut().position(|row| {
-            row.iter_mut().any(|l| {
-                // Kept: the urgent byte is read once, and `probe` reports it after the step.
-                l.told |= l.local.is_none() && notice::told(&l.stream);
-                l.told
-            })
-        })?;
+        let peer = self
+            .links
+            .iter_mut()
+            .position(|row| row.iter_mut().any(Link::heard_notice))?;
         Some(peer_failed(step, progress, peer))
     }
 
