@@ -915,6 +915,20 @@ fn ring_with(stream: &mio::net::TcpStream, bell: u8) -> io::Result<()> {
 /// a step from its deadline.
 const DRAIN: usize = 1024;
 
+/// The least time a TCP link must have gone unacknowledged, its bytes retransmitted, before
+/// a timeout counts it as losing bytes ([`TcpFabric::on_a_losing_link`]). Half the step's wait
+/// is the rule, but a step that began just before the operation's deadline has waited only
+/// moments, and a live link can sit that long on one retransmission timer (Linux's least is
+/// 200 ms, doubling per retry): a second of silence is several of them, which a link that
+/// merely dropped a packet does not reach.
+const LOSING_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a link must have gone unacknowledged for a timeout after `waited` to count it
+/// as losing bytes: half of `waited`, and never less than [`LOSING_AFTER`].
+fn losing_after(waited: Duration) -> Duration {
+    (waited / 2).max(LOSING_AFTER)
+}
+
 /// What [`drain`] left of a local link's doorbells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Bells {
@@ -1503,8 +1517,8 @@ impl TcpFabric {
 
     /// The transfer of `step` a timeout names when some are on links that are losing bytes:
     /// the most stuck of the unfinished transfers on TCP links whose sent bytes the kernel is
-    /// retransmitting with nothing acknowledged for at least half of `waited`
-    /// ([`liveness::silent`]); `None` where no such link carries one.
+    /// retransmitting with nothing acknowledged for at least half of `waited`, and never less
+    /// than [`LOSING_AFTER`] ([`liveness::silent`]); `None` where no such link carries one.
     ///
     /// Otherwise the least progress names the transfer, and where a host is cut off that can
     /// be a live neighbour's: on 3 ranks, a rank's receive from the cut-off rank that had
@@ -1523,7 +1537,8 @@ impl TcpFabric {
                 .get(c.peer)
                 .and_then(|row| row.get(c.link))
                 .is_some_and(|l| {
-                    l.local.is_none() && liveness::silent(&l.stream, waited / 2) == Some(true)
+                    l.local.is_none()
+                        && liveness::silent(&l.stream, losing_after(waited)) == Some(true)
                 })
         };
         let on_losing: smallvec::SmallVec<[bool; 8]> = step
@@ -2838,5 +2853,21 @@ mod tests {
         drop(one);
         let e = receive_fails_soon(&mut zero, 2);
         assert_eq!((e.kind.clone(), e.peer()), (FailureKind::Closed, 1), "{e}");
+    }
+
+    #[test]
+    fn a_link_counts_as_losing_after_half_the_wait_and_never_after_less_than_a_second() {
+        assert_eq!(
+            losing_after(Duration::from_secs(3)),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            losing_after(Duration::from_secs(30)),
+            Duration::from_secs(15)
+        );
+        // A step that began just before the deadline: a live link can sit that long on a
+        // retransmission timer.
+        assert_eq!(losing_after(Duration::from_millis(10)), LOSING_AFTER);
+        assert_eq!(losing_after(Duration::ZERO), LOSING_AFTER);
     }
 }
