@@ -26,6 +26,9 @@
 #   arraysmlx  the same on MLX's wire (nuvec-launch --wire mlx)
 #   arrayspark the same with every wait parked at once (NUVEC_DISTRIBUTED_SPIN_US=0; only
 #            when IMPLS names it): the waiting policy against the default's looks
+#   arrayskeep, upstreamkeep  arrays and 0.5.0 with glibc told to keep freed memory
+#            (KEEP_MEMORY below; only when IMPLS names them): without it every allocation
+#            above 32 MiB is mapped anew, so the array call's copy faults in fresh pages
 #   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce/)
 # busbw = bytes * 2 (n - 1) / n / p50, shown in Gbit/s and as a percentage of the link's
 # measured TCP goodput, then each column's CPU µs per operation and rank (of its best run).
@@ -158,6 +161,10 @@ launch() {
 
 # wanted COLUMN: whether COLUMN is one of IMPLS (default: every column).
 IMPLS="${IMPLS:-mlx 0.5.0 arrays arraysmlx raw}"
+# glibc's malloc without mmap (every block from the heap) and without giving the heap's top
+# back: freed arrays are reused rather than unmapped and faulted in again (README, "Large
+# arrays on Linux").
+KEEP_MEMORY="GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
 wanted() { [[ " $IMPLS " == *" $1 "* ]]; }
 
 for n in $RANKS; do
@@ -169,6 +176,8 @@ for n in $RANKS; do
     wanted arrays && launch arrays "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted arraysmlx && WIRE=mlx launch arraysmlx "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted arrayspark && JOB_ENV=NUVEC_DISTRIBUTED_SPIN_US=0 launch arrayspark "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+    wanted upstreamkeep && JOB_ENV="$KEEP_MEMORY" launch upstreamkeep "$n" "$rep" "$UPSTREAM" --impl upstream --sizes "$SIZES"
+    wanted arrayskeep && JOB_ENV="$KEEP_MEMORY" launch arrayskeep "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted raw && launch raw "$n" "$rep" "$BENCH" --sizes "$SIZES" --no-wire
   done
 done
@@ -210,6 +219,10 @@ def column(name, impl):
         return "arrays, MLX's wire"
     if name == "arrayspark":
         return "arrays, parked"
+    if name == "upstreamkeep":
+        return "0.5.0, memory kept"
+    if name == "arrayskeep":
+        return "arrays, memory kept"
     return {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[impl]
 # The words of benches/allreduce's table header that are units, not column names.
 UNITS = {"µs", "µs/rank", "GB/s"}
@@ -252,8 +265,9 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
                 keep("raw", n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
 
 cols = ["mlx", "0.5.0", "arrays", "arrays, MLX's wire", "raw"]
-if any(k[0] == "arrays, parked" for k in best):
-    cols.insert(4, "arrays, parked")
+for extra in ("arrays, parked", "0.5.0, memory kept", "arrays, memory kept"):
+    if any(k[0] == extra for k in best):
+        cols.insert(len(cols) - 1, extra)
 
 def busbw(col, n, b):
     v = best.get((col, n, b))
@@ -343,7 +357,7 @@ if xs:
     ymax = max(link, max(bw for pts in series.values() for _, bw in pts)) * 1.1
     px = lambda b: L + (math.log2(b) - x0) / max(x1 - x0, 1) * (W - L - R)
     py = lambda v: T + (1 - v / ymax) * (H - T - B)
-    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "arrays, MLX's wire": "#ff7f0e", "arrays, parked": "#17becf", "raw": "#2ca02c"}
+    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "arrays, MLX's wire": "#ff7f0e", "arrays, parked": "#17becf", "0.5.0, memory kept": "#c5b0d5", "arrays, memory kept": "#aec7e8", "raw": "#2ca02c"}
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
            f'<text x="{L}" y="20" font-size="14">all_sum float32 busbw on a cluster of namespaces, NICs at {rate}</text>']
