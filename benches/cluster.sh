@@ -116,6 +116,9 @@ ON="$CDIR/bin/on"
 export PATH="$CDIR/bin:$PATH"
 addr() { echo "198.18.0.$(( $1 + 1 ))"; }
 echo "== cluster of $MAXN hosts at $RATE in $CDIR" >&2
+# TCP's congestion control in the hosts (the kernel's default: CUBIC unless the machine says
+# otherwise): it changes how the wires compare (README, "The nuvec wire").
+CC="$("$ON" 0 sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo unknown)"
 
 echo "== the link: one TCP stream from host 0 to host 1 (iperf3, 5 s)" >&2
 "$ON" 1 iperf3 -s -B "$(addr 1)" -1 >"$OUT/iperf3-server.log" 2>&1 &
@@ -182,11 +185,12 @@ for n in $RANKS; do
   done
 done
 
-python3 - "$OUT" "$RANKS" "$SIZES" "$LINK" "$RATE" "$LAUNCHER" <<'PY'
+python3 - "$OUT" "$RANKS" "$SIZES" "$LINK" "$RATE" "$LAUNCHER" "$CC" <<'PY'
 import glob, math, os, re, sys
 
 out, ranks, sizes, link, rate = sys.argv[1], sys.argv[2].split(), sys.argv[3], float(sys.argv[4]), sys.argv[5]
 launcher = {"mlx": "mlx.launch", "nuvec": "nuvec-launch"}.get(sys.argv[6], sys.argv[6])
+congestion = sys.argv[7]
 
 def parse_bytes(s):
     shift = {"K": 10, "M": 20, "G": 30}.get(s[-1:].upper(), 0)
@@ -277,7 +281,7 @@ def label(b):
     return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
 lines = [
-    f"Link: one TCP stream between two hosts (iperf3) {link / 1e9:.3f} Gbit/s (NICs shaped to {rate}); jobs started by {launcher}.",
+    f"Link: one TCP stream between two hosts (iperf3) {link / 1e9:.3f} Gbit/s (NICs shaped to {rate}, TCP congestion control {congestion}); jobs started by {launcher}.",
     "busbw of float32 all_sum in Gbit/s and as % of that link (best p50 of the runs), then the",
     "CPU µs per operation and rank of that run:",
     "",
