@@ -919,8 +919,13 @@ const DRAIN: usize = 1024;
 /// a timeout counts it as losing bytes ([`TcpFabric::on_a_losing_link`]). Half the step's wait
 /// is the rule, but a step that began just before the operation's deadline has waited only
 /// moments, and a live link can sit that long on one retransmission timer (Linux's least is
-/// 200 ms, doubling per retry): a second of silence is several of them, which a link that
-/// merely dropped a packet does not reach.
+/// 200 ms, doubling per retry): a second outlasts the first two (at 0.2 and 0.6 s).
+///
+/// The silence is counted from the link's last acknowledgement, not from its first
+/// unacknowledged byte, so a link idle for over a second before the step that then drops one
+/// packet still counts; within an operation the earlier steps keep a live link's
+/// acknowledgements recent. With an operation timeout under about 2 s a cut link has seldom
+/// been silent that long, and the least progress names the transfer, as before.
 const LOSING_AFTER: Duration = Duration::from_secs(1);
 
 /// How long a link must have gone unacknowledged for a timeout after `waited` to count it
@@ -2867,6 +2872,7 @@ mod tests {
         );
         // A step that began just before the deadline: a live link can sit that long on a
         // retransmission timer.
+        assert_eq!(losing_after(Duration::from_secs(2)), LOSING_AFTER);
         assert_eq!(losing_after(Duration::from_millis(10)), LOSING_AFTER);
         assert_eq!(losing_after(Duration::ZERO), LOSING_AFTER);
     }
