@@ -118,7 +118,8 @@ addr() { echo "198.18.0.$(( $1 + 1 ))"; }
 echo "== cluster of $MAXN hosts at $RATE in $CDIR" >&2
 # TCP's congestion control in the hosts (the kernel's default: CUBIC unless the machine says
 # otherwise): it changes how the wires compare (README, "The nuvec wire").
-CC="$("$ON" 0 sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || echo unknown)"
+CC="$("$ON" 0 sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null || true)"
+CC="${CC:-unknown}"
 
 echo "== the link: one TCP stream from host 0 to host 1 (iperf3, 5 s)" >&2
 "$ON" 1 iperf3 -s -B "$(addr 1)" -1 >"$OUT/iperf3-server.log" 2>&1 &
@@ -323,17 +324,22 @@ for n in map(int, ranks):
         ratio = f"{native[0] / mlxwire[0]:.2f}" if native and mlxwire else "-"
         lines.append(f"| {n} | {label(b)} | " + " | ".join(cells) + f" | {ratio} |")
 # The array call's copy and the bound it sets: an array all_sum cannot start its bytes before
-# nuvec-core has copied the input, so at most link time / (link time + copy) of the link.
+# nuvec-core has copied the input, so at most link time / (link time + copy) of the link. The
+# bound is of glibc's defaults; the memory-kept columns (their allocator reuses the block) get
+# their own.
 copy_cols = [c for c in cols if any(k[0] == c for k in copies)]
+KEPT = "memory kept"
+kept_cols = [c for c in copy_cols if KEPT in c]
 if copy_cols:
     lines += [
         "",
-        "The array call's copy (the input into a fresh allocation, every rank at once; p50 µs, least",
+        "The array call's copy (the input into a new allocation, every rank at once; p50 µs, least",
         "of the runs) and the most of the link an array all_sum can reach after it, link time ÷",
         "(link time + copy), the link time being bytes × 2(n − 1)/n at the link above:",
         "",
-        "| hosts | size | " + " | ".join(f"copy, {c}" for c in copy_cols) + " | link time | at most |",
-        "|---|---|" + "---|" * (len(copy_cols) + 2),
+        "| hosts | size | " + " | ".join(f"copy, {c}" for c in copy_cols) + " | link time | at most |"
+        + (" at most, memory kept |" if kept_cols else ""),
+        "|---|---|" + "---|" * (len(copy_cols) + 2 + (1 if kept_cols else 0)),
     ]
     for n in map(int, ranks):
         for s in sizes.split(","):
@@ -344,8 +350,13 @@ if copy_cols:
                 continue
             wire = b * 8 * 2 * (n - 1) / n / link * 1e6
             cells = ["-" if v is None else f"{v:.1f}" for v in got]
-            bound = wire / (wire + min(have))
-            lines.append(f"| {n} | {label(b)} | " + " | ".join(cells) + f" | {wire:.1f} | {100 * bound:.0f} % |")
+
+            def bound(kept):
+                vs = [v for c, v in zip(copy_cols, got) if v is not None and (KEPT in c) == kept]
+                return f"{100 * wire / (wire + min(vs)):.0f} %" if vs else "-"
+
+            row = f"| {n} | {label(b)} | " + " | ".join(cells) + f" | {wire:.1f} | {bound(False)} |"
+            lines.append(row + (f" {bound(True)} |" if kept_cols else ""))
 text = "\n".join(lines)
 print()
 print(text)
