@@ -325,7 +325,8 @@ pub fn connect_ring(
     .map_err(|e| Error::Connect {
         rank,
         what: format!("cannot set the ring's link timeout: {e}"),
-    })?;
+    })?
+    .with_congestion(options.congestion.as_deref(), &log)?;
     let wire = agree_on_wire(&mut fabric, nodes, rank, options, &log)?;
     log.info(format_args!("setup took {:?}", started.elapsed()));
     let splitter = TcpRing::new(
@@ -335,7 +336,8 @@ pub fn connect_ring(
         log,
         options.spin,
         options.local_links,
-    );
+    )
+    .with_links(options.link_timeout, options.congestion.clone());
     let comm = Arc::new(
         RingCommunicator::new(fabric, conns, options.timeout)
             .with_wire(wire)
@@ -437,6 +439,9 @@ fn options_from(env: &Env<'_>) -> Result<Options, Error> {
     }
     if let Some(wire) = env.wire()? {
         options.wire = wire;
+    }
+    if let Some(name) = env.tcp_congestion()? {
+        options.congestion = Some(name);
     }
     // The flight recorder reads its variables itself, once per process (it serves every group
     // of it); checked here so that a wrong value fails `init` rather than being ignored.

@@ -12,6 +12,7 @@
 //! | `NUVEC_DISTRIBUTED_LOG` | `off`, `error`, `warn`, `info` or `debug` (any case) |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | a fixed time a waiting step looks before it parks, 0 to 1 000 000 µs (unset: it adapts) |
 //! | `NUVEC_DISTRIBUTED_LOCAL_LINKS` | `1` (the default) or `0`: whether ring links between ranks on one machine may use shared memory |
+//! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | the TCP congestion control of the ring's connections, a name the kernel offers (`cubic`, `reno`, `bbr`…; Linux only; unset: the host's; see [`Options::tcp_congestion`](crate::Options::tcp_congestion)) |
 //! | `NUVEC_DISTRIBUTED_WIRE` | `auto` (the default), `mlx` or `nuvec` (any case): which wire the ring may speak (see [`WireChoice`](crate::WireChoice)) |
 //! | `NUVEC_DISTRIBUTED_RECORD` | how many operations each group's flight recorder keeps, 0 to 1 000 000 (default 256), `0`: none |
 //! | `NUVEC_DISTRIBUTED_RECORD_DIR` | a directory where a rank writes its flight record (on a failure, and when asked; see `collective::record`) |
@@ -59,6 +60,8 @@ pub(crate) const SPIN: &str = "NUVEC_DISTRIBUTED_SPIN_US";
 pub(crate) const LOCAL_LINKS: &str = "NUVEC_DISTRIBUTED_LOCAL_LINKS";
 /// Which wire the ring may speak: `auto`, `mlx` or `nuvec`.
 pub(crate) const WIRE: &str = "NUVEC_DISTRIBUTED_WIRE";
+/// The TCP congestion control of the ring's connections.
+pub(crate) const TCP_CONGESTION: &str = "NUVEC_DISTRIBUTED_TCP_CONGESTION";
 /// How many operations a flight recorder keeps.
 pub(crate) const RECORD: &str = "NUVEC_DISTRIBUTED_RECORD";
 /// Where a rank writes its flight record.
@@ -385,8 +388,21 @@ impl<'a> Env<'a> {
             _ => Err(bad_value(
                 WIRE,
                 &v,
-                "is not a wire: auto (the nuvec wire where every rank speaks it), mlx (MLX's                  wire on every link) or nuvec (the nuvec wire, or no group)",
+                "is not a wire: auto (the nuvec wire where every rank speaks it), mlx (MLX's wire on every link) or nuvec (the nuvec wire, or no group)",
             )),
+        }
+    }
+
+    /// The TCP congestion control of the ring's connections, from
+    /// `NUVEC_DISTRIBUTED_TCP_CONGESTION` (surrounding spaces ignored), `None` if unset.
+    pub(crate) fn tcp_congestion(&self) -> Result<Option<String>, ConfigError> {
+        let Some(v) = self.text(TCP_CONGESTION)? else {
+            return Ok(None);
+        };
+        let name = v.trim();
+        match crate::config::options::congestion_problem(name) {
+            Some(problem) => Err(bad_value(TCP_CONGESTION, &v, problem)),
+            None => Ok(Some(name.to_owned())),
         }
     }
 
@@ -642,6 +658,15 @@ mod tests {
         an_unknown_wire_is_refused:
             wire, [("NUVEC_DISTRIBUTED_WIRE", "fast")]
                 => ["NUVEC_DISTRIBUTED_WIRE=\"fast\"", "not a wire", "auto", "mlx", "nuvec"];
+        a_congestion_control_with_a_space_is_refused:
+            tcp_congestion, [("NUVEC_DISTRIBUTED_TCP_CONGESTION", "cu bic")]
+                => ["NUVEC_DISTRIBUTED_TCP_CONGESTION=\"cu bic\"", "not a congestion control's name"];
+        a_congestion_control_longer_than_the_kernel_takes_is_refused:
+            tcp_congestion, [("NUVEC_DISTRIBUTED_TCP_CONGESTION", "cubic-but-longer-still")]
+                => ["NUVEC_DISTRIBUTED_TCP_CONGESTION=\"cubic-but-longer-still\"", "15 bytes"];
+        an_empty_congestion_control_is_refused:
+            tcp_congestion, [("NUVEC_DISTRIBUTED_TCP_CONGESTION", " ")]
+                => ["NUVEC_DISTRIBUTED_TCP_CONGESTION=\" \"", "is empty"];
         an_empty_wire_is_refused:
             wire, [("NUVEC_DISTRIBUTED_WIRE", "")] => ["NUVEC_DISTRIBUTED_WIRE=\"\"", "not a wire"];
         a_short_key_is_refused_without_showing_it:
@@ -710,6 +735,20 @@ mod tests {
         assert_eq!(read(&[(WIRE, "auto")]), Some(WireChoice::Auto));
         assert_eq!(read(&[(WIRE, " MLX ")]), Some(WireChoice::Mlx));
         assert_eq!(read(&[(WIRE, "Nuvec")]), Some(WireChoice::Nuvec));
+        assert_eq!(read(&[]), None);
+    }
+
+    #[test]
+    fn a_congestion_control_is_read_as_named_and_unset_is_none() {
+        let read = |vars: &[(&str, &str)]| {
+            let f = lookup(vars);
+            Env::from_fn(&f).tcp_congestion().expect("a valid name")
+        };
+        assert_eq!(
+            read(&[(TCP_CONGESTION, " cubic ")]).as_deref(),
+            Some("cubic")
+        );
+        assert_eq!(read(&[(TCP_CONGESTION, "bbr")]).as_deref(), Some("bbr"));
         assert_eq!(read(&[]), None);
     }
 

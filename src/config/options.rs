@@ -46,6 +46,7 @@ pub struct Options {
     pub(crate) progress: Option<Duration>,
     pub(crate) local_links: bool,
     pub(crate) wire: WireChoice,
+    pub(crate) congestion: Option<String>,
 }
 
 /// Which wire a ring may speak, as asked for (`NUVEC_DISTRIBUTED_WIRE`, [`Options::wire`]).
@@ -130,6 +131,30 @@ pub const DEFAULT_WARN_AFTER: Duration = Duration::from_secs(30);
 /// The longest [`Options::spin`] accepted: a second.
 pub const MAX_SPIN: Duration = Duration::from_secs(1);
 
+/// The longest name of a TCP congestion control the kernel takes: 15 bytes (its
+/// `TCP_CA_NAME_MAX` of 16 counts the terminating zero; a longer name would be cut short).
+const MAX_CONGESTION_NAME: usize = 15;
+
+/// Why `name` cannot name a TCP congestion control ([`Options::tcp_congestion`]), `None`
+/// when it can: the one check of the option and of its variable.
+pub(crate) fn congestion_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("is empty: name a congestion control (e.g. cubic)")
+    } else if name.len() > MAX_CONGESTION_NAME {
+        Some("is longer than the 15 bytes of a congestion control's name in Linux")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        Some(
+            "is not a congestion control's name (letters, digits, _ and -, as in \
+             net.ipv4.tcp_available_congestion_control)",
+        )
+    } else {
+        None
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Self {
@@ -143,6 +168,7 @@ impl Default for Options {
             progress: None,
             local_links: true,
             wire: WireChoice::Auto,
+            congestion: None,
         }
     }
 }
@@ -252,6 +278,34 @@ impl Options {
     pub fn local_links(mut self, on: bool) -> Self {
         self.local_links = on;
         self
+    }
+
+    /// The TCP congestion control of the ring's connections, by the kernel's name (`cubic`,
+    /// `reno`, `bbr`, …: Linux's `net.ipv4.tcp_available_congestion_control`;
+    /// `NUVEC_DISTRIBUTED_TCP_CONGESTION` for [`init`](crate::init)). Without it (the default)
+    /// a connection takes the host's (`net.ipv4.tcp_congestion_control`). Linux only: elsewhere
+    /// it is ignored, with a warning (macOS has no choice per connection and runs CUBIC).
+    ///
+    /// Why choose: on hosts running BBR, the ring's two connections out of one network
+    /// interface (to the left and to the right neighbour) pace each other down, and a job
+    /// loses several percent of a shared link that CUBIC, Linux's and macOS's default, keeps
+    /// (the README's "TCP congestion control" has the measurements). A name the kernel does
+    /// not offer fails setup, naming it and what the host offers.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::BadValue`] when `name` cannot be a congestion control's name (empty,
+    /// longer than the kernel's 15 bytes, or other than letters, digits, `_` and `-`).
+    pub fn tcp_congestion(mut self, name: &str) -> Result<Self, ConfigError> {
+        if let Some(problem) = congestion_problem(name) {
+            return Err(ConfigError::BadValue {
+                var: "Options::tcp_congestion".to_owned(),
+                value: name.to_owned(),
+                problem: problem.to_owned(),
+            });
+        }
+        self.congestion = Some(name.to_owned());
+        Ok(self)
     }
 
     /// Which wire the ring may speak (default [`WireChoice::Auto`]: the nuvec wire where every

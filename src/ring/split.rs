@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::options::Spin;
+use crate::config::options::{DEFAULT_LINK_TIMEOUT, Spin};
 
 use nuvec_core::distributed::Communicator;
 
@@ -59,6 +59,10 @@ pub(crate) struct TcpRing {
     spin: Spin,
     /// Whether links between ranks on one machine may be local (shared memory).
     local: bool,
+    /// The parent's link timeout (see [`Options::link_timeout`](crate::Options::link_timeout)).
+    link_timeout: Duration,
+    /// The parent's TCP congestion control, if it chose one.
+    congestion: Option<String>,
 }
 
 impl TcpRing {
@@ -80,7 +84,17 @@ impl TcpRing {
             log,
             spin,
             local,
+            link_timeout: DEFAULT_LINK_TIMEOUT,
+            congestion: None,
         }
+    }
+
+    /// Gives a sub-group's links the parent's link timeout and TCP congestion control, as a
+    /// ring from a hostfile gets them from its options.
+    pub(crate) fn with_links(mut self, link_timeout: Duration, congestion: Option<String>) -> Self {
+        self.link_timeout = link_timeout;
+        self.congestion = congestion;
+        self
     }
 }
 
@@ -146,11 +160,86 @@ impl Splitter<TcpFabric> for TcpRing {
                 self.local,
                 &self.log,
             )?
-            .with_wait(self.spin);
+            .with_wait(self.spin)
+            .with_link_timeout(self.link_timeout)
+            .map_err(|e| Error::Connect {
+                rank: me,
+                what: format!(
+                    "split: cannot set the link timeout of the sub-group of color {}: {e}",
+                    plan.color
+                ),
+            })?
+            .with_congestion(self.congestion.as_deref(), &self.log)?;
         Ok(Some(SubFabric {
             fabric,
             splitter: Arc::new(self.clone()),
             log: self.log,
         }))
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    #[test]
+    fn a_sub_group_gets_the_parents_link_timeout_and_congestion_control() {
+        let limit = Duration::from_secs(4);
+        // Two parent ranks on loopback, both of color 0; the exchange swaps their records.
+        let (to_one, from_zero) = mpsc::channel::<Vec<u8>>();
+        let (to_zero, from_one) = mpsc::channel::<Vec<u8>>();
+        let ends = [(to_one, from_one), (to_zero, from_zero)];
+        let settings: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = ends
+                .into_iter()
+                .enumerate()
+                .map(|(rank, (tx, rx))| {
+                    s.spawn(move || {
+                        let ring = TcpRing::new(
+                            "127.0.0.1:1".to_owned(), // the host is what counts
+                            1,
+                            None,
+                            Log::off(),
+                            Spin::Fixed(Duration::ZERO),
+                            false,
+                        )
+                        .with_links(limit, Some("reno".to_owned()));
+                        let plan = Plan {
+                            color: 0,
+                            rank,
+                            members: vec![0, 1],
+                        };
+                        let mut exchange = |mine: &[u8]| -> Result<Vec<Vec<u8>>, Error> {
+                            tx.send(mine.to_vec()).expect("the other rank listens");
+                            let theirs = rx
+                                .recv_timeout(Duration::from_secs(20))
+                                .expect("the other rank's addresses");
+                            let mut all = vec![Vec::new(), Vec::new()];
+                            all[rank] = mine.to_vec();
+                            all[1 - rank] = theirs;
+                            Ok(all)
+                        };
+                        let sub = ring
+                            .sub_fabric(&plan, &mut exchange, Duration::from_secs(20))
+                            .expect("connect")
+                            .expect("a sub-group of two");
+                        sub.fabric.link_settings()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect()
+        });
+        for (rank, (timeout, names)) in settings.into_iter().enumerate() {
+            assert_eq!(timeout, limit, "rank {rank}'s link timeout");
+            assert!(
+                names.iter().flatten().all(|n| n == "reno") && names.iter().flatten().count() == 2,
+                "rank {rank}'s links: {names:?}"
+            );
+        }
     }
 }

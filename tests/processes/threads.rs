@@ -216,3 +216,56 @@ fn a_group_forms_and_reduces_with_a_timeout_too_large_for_a_deadline() {
         }
     }
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_ring_given_a_congestion_control_sums_and_one_the_kernel_lacks_fails_every_rank_naming_it() {
+    let nodes = ports::free_nodes(3, 2);
+    let reno = Options::default()
+        .timeout(Duration::from_secs(20))
+        .local_links(false)
+        .tcp_congestion("reno")
+        .expect("a name");
+    let out = rank_threads::run(3, |rank| {
+        let g = connect_ring(&nodes, rank, &reno).expect("connect");
+        let mut data: Vec<u8> = (0..1000)
+            .flat_map(|i| ((i + rank) as f32).to_le_bytes())
+            .collect();
+        let comm = g.communicator().expect("a ring");
+        comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data)
+            .expect("all_sum");
+        data
+    });
+    let expect: Vec<u8> = (0..1000)
+        .flat_map(|i| (3.0 * i as f32 + 3.0).to_le_bytes())
+        .collect();
+    assert!(out.iter().all(|d| *d == expect));
+
+    let nodes = ports::free_nodes(3, 1);
+    let lacking = Options::default()
+        .timeout(Duration::from_secs(10))
+        .tcp_congestion("no-such-cc")
+        .expect("a name");
+    let errors = rank_threads::run(3, |rank| {
+        let Err(e) = connect_ring(&nodes, rank, &lacking) else {
+            panic!("rank {rank}: setup went through a congestion control the kernel lacks");
+        };
+        e.to_string()
+    });
+    for (rank, e) in errors.iter().enumerate() {
+        for said in [
+            format!("rank {rank}"),
+            "\"no-such-cc\"".to_owned(),
+            "NUVEC_DISTRIBUTED_TCP_CONGESTION".to_owned(),
+        ] {
+            assert!(e.contains(&said), "{said:?} missing in {e:?}");
+        }
+    }
+    let bad = Options::default()
+        .tcp_congestion("cu bic")
+        .expect_err("not a name");
+    assert!(
+        bad.to_string().contains("not a congestion control's name"),
+        "{bad}"
+    );
+}

@@ -190,6 +190,34 @@ pub(crate) fn tune(stream: &impl std::os::fd::AsFd, link_timeout: Duration) -> i
     Ok(())
 }
 
+/// Sets `stream`'s TCP congestion control to `name` (`TCP_CONGESTION`); the kernel refuses a
+/// name it does not offer (`ENOENT`) or does not allow this process (`EPERM`).
+#[cfg(target_os = "linux")]
+pub(crate) fn set_congestion(stream: &impl std::os::fd::AsFd, name: &str) -> io::Result<()> {
+    socket2::SockRef::from(stream).set_tcp_congestion(name.as_bytes())
+}
+
+/// What the kernel offers, for an error about a congestion control it refused: Linux's
+/// `net.ipv4.tcp_available_congestion_control`, and the ones a process without privileges may
+/// choose, `net.ipv4.tcp_allowed_congestion_control`; empty where neither can be read.
+#[cfg(target_os = "linux")]
+pub(crate) fn congestion_offered() -> String {
+    let read = |leaf: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/ipv4/{leaf}"))
+            .ok()
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    let mut said = Vec::new();
+    if let Some(v) = read("tcp_available_congestion_control") {
+        said.push(format!("this host offers {v}"));
+    }
+    if let Some(v) = read("tcp_allowed_congestion_control") {
+        said.push(format!("allows without privileges {v}"));
+    }
+    said.join(" and ")
+}
+
 /// Caps `stream`'s retransmission backoff at `cap` (`TCP_RTO_MAX_MS`); ignored where the
 /// kernel (before 6.15) does not know the option.
 #[cfg(target_os = "linux")]

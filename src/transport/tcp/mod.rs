@@ -319,6 +319,66 @@ impl TcpFabric {
         Ok(self)
     }
 
+    /// Gives every link the TCP congestion control `name` (the host's where `None`; see
+    /// [`Options::tcp_congestion`](crate::Options::tcp_congestion)). Linux only: elsewhere a
+    /// name is ignored and `log` warns. A name the kernel refuses fails, naming the link and
+    /// what the host offers.
+    pub(crate) fn with_congestion(self, name: Option<&str>, log: &Log) -> Result<Self, Error> {
+        let Some(name) = name else {
+            return Ok(self);
+        };
+        #[cfg(target_os = "linux")]
+        {
+            let _ = log;
+            for (peer, row) in self.links.iter().enumerate() {
+                for (link, l) in row.iter().enumerate() {
+                    connect::set_congestion(&l.stream, name).map_err(|e| {
+                        let offered = connect::congestion_offered();
+                        Error::Connect {
+                            rank: self.rank,
+                            what: format!(
+                                "cannot give the ring's connection to rank {peer}, link {link}, \
+                                 the TCP congestion control {name:?} \
+                                 (NUVEC_DISTRIBUTED_TCP_CONGESTION, Options::tcp_congestion): \
+                                 {e}{}{offered}",
+                                if offered.is_empty() { "" } else { "; " }
+                            ),
+                        }
+                    })?;
+                }
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        log.warn(format_args!(
+            "the TCP congestion control {name:?} (NUVEC_DISTRIBUTED_TCP_CONGESTION, \
+             Options::tcp_congestion) is ignored: only Linux chooses one per connection"
+        ));
+        Ok(self)
+    }
+
+    /// Each link's link timeout and TCP congestion control, by peer and link (what a test
+    /// checks a fabric was given).
+    #[cfg(all(test, target_os = "linux"))]
+    pub(crate) fn link_settings(&self) -> (Duration, Vec<Vec<String>>) {
+        let names = self
+            .links
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|l| {
+                        let name = socket2::SockRef::from(&l.stream)
+                            .tcp_congestion()
+                            .expect("TCP_CONGESTION");
+                        String::from_utf8_lossy(&name)
+                            .trim_end_matches('\0')
+                            .to_owned()
+                    })
+                    .collect()
+            })
+            .collect();
+        (self.link_timeout, names)
+    }
+
     /// Makes every step that cannot progress consult `watch` (see
     /// [`Watch`](crate::fabric::Watch)): a peer found gone or a wait past the progress timeout
     /// fails the step.
@@ -1680,6 +1740,34 @@ mod tests {
         let zero = TcpFabric::from_streams(0, vec![vec![], vec![opened]]).expect("rank 0");
         let one = TcpFabric::from_streams(1, vec![vec![accepted], vec![]]).expect("rank 1");
         (zero, one)
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_congestion_control_is_set_on_every_link_and_one_the_kernel_lacks_is_named() {
+        let (zero, _one) = pair();
+        let log = Log::off();
+        let zero = zero.with_congestion(Some("reno"), &log).expect("reno");
+        assert_eq!(zero.link_settings().1, [vec![], vec!["reno".to_owned()]]);
+        let zero = zero.with_congestion(None, &log).expect("the host's");
+        assert_eq!(
+            zero.link_settings().1[1],
+            ["reno"],
+            "None leaves a link as it is"
+        );
+        let Err(e) = zero.with_congestion(Some("no-such-cc"), &log) else {
+            panic!("a name the kernel lacks was taken");
+        };
+        let e = e.to_string();
+        for said in [
+            "rank 0",
+            "rank 1, link 0",
+            "\"no-such-cc\"",
+            "NUVEC_DISTRIBUTED_TCP_CONGESTION",
+            "this host offers",
+        ] {
+            assert!(e.contains(said), "{said:?} missing in {e:?}");
+        }
     }
 
     /// Rank 1 of a pair sends `data` to rank 0 on a thread of its own, in one step of at most
