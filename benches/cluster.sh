@@ -29,6 +29,10 @@
 #   arrayskeep, upstreamkeep  arrays and 0.5.0 with glibc told to keep freed memory
 #            (KEEP_MEMORY below; only when IMPLS names them): without it every allocation
 #            above 32 MiB is mapped anew, so the array call's copy faults in fresh pages
+#   arrayscubic, arraysmlxcubic  arrays on each wire with this checkout's ring connections on
+#            CUBIC (NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic; only when IMPLS names them): Linux's
+#            and macOS's default, where the hosts here may run another (the table's first line
+#            says which; README, "TCP congestion control")
 #   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce/)
 # busbw = bytes * 2 (n - 1) / n / p50, shown in Gbit/s and as a percentage of the link's
 # measured TCP goodput, then each column's CPU µs per operation and rank (of its best run).
@@ -182,6 +186,8 @@ for n in $RANKS; do
     wanted arrayspark && JOB_ENV=NUVEC_DISTRIBUTED_SPIN_US=0 launch arrayspark "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted upstreamkeep && JOB_ENV="$KEEP_MEMORY" launch upstreamkeep "$n" "$rep" "$UPSTREAM" --impl upstream --sizes "$SIZES"
     wanted arrayskeep && JOB_ENV="$KEEP_MEMORY" launch arrayskeep "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+    wanted arrayscubic && JOB_ENV=NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic launch arrayscubic "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+    wanted arraysmlxcubic && WIRE=mlx JOB_ENV=NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic launch arraysmlxcubic "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted raw && launch raw "$n" "$rep" "$BENCH" --sizes "$SIZES" --no-wire
   done
 done
@@ -228,6 +234,10 @@ def column(name, impl):
         return "0.5.0, memory kept"
     if name == "arrayskeep":
         return "arrays, memory kept"
+    if name == "arrayscubic":
+        return "arrays, CUBIC"
+    if name == "arraysmlxcubic":
+        return "arrays, MLX's wire, CUBIC"
     return {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[impl]
 # The words of benches/allreduce's table header that are units, not column names.
 UNITS = {"µs", "µs/rank", "GB/s"}
@@ -270,7 +280,7 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
                 keep("raw", n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
 
 cols = ["mlx", "0.5.0", "arrays", "arrays, MLX's wire", "raw"]
-for extra in ("arrays, parked", "0.5.0, memory kept", "arrays, memory kept"):
+for extra in ("arrays, parked", "0.5.0, memory kept", "arrays, memory kept", "arrays, CUBIC", "arrays, MLX's wire, CUBIC"):
     if any(k[0] == extra for k in best):
         cols.insert(len(cols) - 1, extra)
 
@@ -311,17 +321,25 @@ for n in map(int, ranks):
 # The same runs as p50 latency, with the nuvec wire's time as a fraction of MLX's wire's.
 lines += [
     "",
-    "p50 µs per all_sum (best of the runs); the last column is arrays ÷ arrays on MLX's wire:",
+    "p50 µs per all_sum (best of the runs); the last column is arrays ÷ arrays on MLX's wire"
+    + (" (and the same on CUBIC):" if "arrays, CUBIC" in cols else ":"),
     "",
     "| hosts | size | " + " | ".join(cols) + " | nuvec wire ÷ MLX's wire |",
     "|---|---|" + "---|" * (len(cols) + 1),
 ]
+
+def wire_ratio(n, b, suffix):
+    native = best.get(("arrays" + suffix, n, b))
+    mlxwire = best.get(("arrays, MLX's wire" + suffix, n, b))
+    return f"{native[0] / mlxwire[0]:.2f}" if native and mlxwire else "-"
+
 for n in map(int, ranks):
     for s in sizes.split(","):
         b = parse_bytes(s) // 4 * 4
         cells = [f"{best[(c, n, b)][0]:.1f}" if (c, n, b) in best else "-" for c in cols]
-        native, mlxwire = best.get(("arrays", n, b)), best.get(("arrays, MLX's wire", n, b))
-        ratio = f"{native[0] / mlxwire[0]:.2f}" if native and mlxwire else "-"
+        ratio = wire_ratio(n, b, "")
+        if "arrays, CUBIC" in cols:
+            ratio += f" ({wire_ratio(n, b, ', CUBIC')})"
         lines.append(f"| {n} | {label(b)} | " + " | ".join(cells) + f" | {ratio} |")
 # The array call's copy and the bound it sets: an array all_sum cannot start its bytes before
 # nuvec-core has copied the input, so at most link time / (link time + copy) of the link. The
@@ -372,7 +390,7 @@ if xs:
     ymax = max(link, max(bw for pts in series.values() for _, bw in pts)) * 1.1
     px = lambda b: L + (math.log2(b) - x0) / max(x1 - x0, 1) * (W - L - R)
     py = lambda v: T + (1 - v / ymax) * (H - T - B)
-    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "arrays, MLX's wire": "#ff7f0e", "arrays, parked": "#17becf", "0.5.0, memory kept": "#c5b0d5", "arrays, memory kept": "#aec7e8", "raw": "#2ca02c"}
+    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "arrays, MLX's wire": "#ff7f0e", "arrays, parked": "#17becf", "0.5.0, memory kept": "#c5b0d5", "arrays, memory kept": "#aec7e8", "arrays, CUBIC": "#8c564b", "arrays, MLX's wire, CUBIC": "#e377c2", "raw": "#2ca02c"}
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
            f'<text x="{L}" y="20" font-size="14">all_sum float32 busbw on a cluster of namespaces, NICs at {rate}</text>']
