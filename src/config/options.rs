@@ -286,11 +286,12 @@ impl Options {
     /// a connection takes the host's (`net.ipv4.tcp_congestion_control`). Linux only: elsewhere
     /// it is ignored, with a warning (macOS has no choice per connection and runs CUBIC).
     ///
-    /// Why choose: on hosts running BBR, the ring's two connections out of one network
-    /// interface (to the left and to the right neighbour) pace each other down, and a job
-    /// loses several percent of a shared link that CUBIC, Linux's and macOS's default, keeps
-    /// (the README's "TCP congestion control" has the measurements). A name the kernel does
-    /// not offer fails setup, naming it and what the host offers.
+    /// Why choose: on hosts running BBR the ring was measured slower than on CUBIC, Linux's
+    /// and macOS's default: 3 points of a 1 Gbit/s link at 16 MiB, and 1.8× the time at 1 MiB
+    /// on 4 unshaped hosts of the emulated cluster (the README's "TCP congestion control":
+    /// BBR against the ring's two connections out of one network interface, as far as it was
+    /// found). A name the kernel does not offer fails setup, naming it and what the host
+    /// offers.
     ///
     /// # Errors
     ///
