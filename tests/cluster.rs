@@ -1960,6 +1960,22 @@ fn the_doctor_measures_every_link_of_a_clean_cluster_within_ten_percent_of_iperf
     );
     assert_eq!(done.code, Some(0), "{}", done.describe());
     let report: serde_json::Value = serde_json::from_str(&done.stdout).expect("the JSON report");
+    // Every host says its TCP congestion control, as the host itself reads it.
+    let mut sysctl = Command::new("sysctl");
+    sysctl.args(["-n", "net.ipv4.tcp_congestion_control"]);
+    let congestion = run(&mut c.on(0, sysctl), Duration::from_secs(30));
+    let said = format!(
+        "TCP congestion control {} (net.ipv4.tcp_congestion_control)",
+        congestion.stdout.trim()
+    );
+    for rank in report["ranks"].as_array().expect("the ranks") {
+        let seen = rank["seen"].as_array().expect("what the rank's host has");
+        assert!(
+            seen.iter()
+                .any(|s| s.as_str().is_some_and(|s| s.starts_with(&said))),
+            "{said:?} missing in {rank}"
+        );
+    }
     let link = iperf3(&c, 0, 1);
     let links = report["links"].as_array().expect("the links");
     assert_eq!(links.len(), 4, "{}", done.stdout);

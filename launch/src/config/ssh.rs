@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use crossbeam_channel::RecvTimeoutError;
 
-use super::discover::{HARDWARE_PORTS, IBV_DEVICES, THUNDERBOLT};
+use super::discover::{CONGESTION, HARDWARE_PORTS, IBV_DEVICES, THUNDERBOLT};
 
 /// The longest a command on a host may take (`system_profiler` takes a few seconds).
 pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -182,6 +182,7 @@ impl Runner for Replay {
             THUNDERBOLT => self.file(host, "thunderbolt.json"),
             HARDWARE_PORTS => self.file(host, "hardware-ports.txt"),
             IBV_DEVICES => quiet(self.file(host, "ibv_devices.txt")),
+            CONGESTION => quiet(self.file(host, "tcp_congestion_control.txt")),
             "ifconfig" => self.file(host, "ifconfig.txt"),
             "ipconfig getifaddr en0" => quiet(self.file(host, "en0.txt")),
             "ipconfig getifaddr en1" => quiet(self.file(host, "en1.txt")),

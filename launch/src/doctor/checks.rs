@@ -13,6 +13,10 @@
 //!   no IPv4-mapped GID and JACCL cannot connect, ml-explore/mlx #3467) and its cable must be
 //!   plugged (`status: active`).
 //! * **any backend**: the Thunderbolt Bridge up with an interface the job uses as a member.
+//!
+//! For the ring it also says a Linux host's TCP congestion control, with advice where it is
+//! BBR, on which the ring was measured slower than on CUBIC (README, "TCP congestion
+//! control"): a choice of the host's, so not a problem.
 
 use std::collections::HashMap;
 
@@ -30,6 +34,9 @@ pub(crate) struct HostState {
     pub(crate) ports: HashMap<String, String>,
     /// Its RDMA devices (`ibv_devices`), when they were asked for.
     pub(crate) rdma: Option<Vec<String>>,
+    /// Its TCP congestion control (`sysctl -n net.ipv4.tcp_congestion_control`: Linux), when it
+    /// was asked for and could be read.
+    pub(crate) congestion: Option<String>,
 }
 
 /// The findings for one host: what was seen, and what is wrong.
@@ -194,6 +201,11 @@ pub(crate) fn check(
             }
         }
     }
+    if backend == "ring"
+        && let Some(name) = &host.congestion
+    {
+        f.seen.push(congestion_seen(name));
+    }
     for bridge in host
         .interfaces
         .iter()
@@ -218,6 +230,17 @@ pub(crate) fn check(
     f
 }
 
+/// What the report says of a host's TCP congestion control `name`.
+fn congestion_seen(name: &str) -> String {
+    let advice = if name == "bbr" {
+        ": the ring ran slower on BBR hosts than on CUBIC (README, TCP congestion control); \
+         NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic (nuvec-launch --env) gives its connections CUBIC"
+    } else {
+        ""
+    };
+    format!("TCP congestion control {name} (net.ipv4.tcp_congestion_control){advice}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,7 +259,35 @@ mod tests {
             interfaces: interfaces(ifconfig),
             ports,
             rdma: rdma.map(|r| r.iter().map(|d| (*d).to_owned()).collect()),
+            congestion: None,
         }
+    }
+
+    #[test]
+    fn a_ring_hosts_congestion_control_is_said_with_advice_for_bbr_and_never_a_problem() {
+        let ips = strings(&["192.168.0.1"]);
+        let mut h = host(SET_UP, None);
+        h.congestion = Some("bbr".to_owned());
+        let f = check(0, "ring", &ips, &[], &h);
+        assert!(f.problems.is_empty(), "{:?}", f.problems);
+        let said = f.seen.last().expect("a line");
+        assert!(
+            said.starts_with("TCP congestion control bbr")
+                && said.contains("NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic"),
+            "{said}"
+        );
+        h.congestion = Some("cubic".to_owned());
+        let f = check(0, "ring", &ips, &[], &h);
+        assert_eq!(
+            f.seen.last().map(String::as_str),
+            Some("TCP congestion control cubic (net.ipv4.tcp_congestion_control)")
+        );
+        let f = check(0, "jaccl", &ips, &[], &h);
+        assert!(
+            !f.seen.iter().any(|s| s.contains("congestion")),
+            "{:?}",
+            f.seen
+        );
     }
 
     const SET_UP: &str = "en0: flags=8863<UP,RUNNING> mtu 1500\n\tinet 10.0.1.11 netmask 0xffffff00\n\tstatus: active\n\

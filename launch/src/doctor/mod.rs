@@ -5,14 +5,15 @@
 //! nuvec-launch doctor --hosts 192.168.0.1,192.168.0.2  # a ring over these addresses
 //! ```
 //!
-//! On every rank's host it runs `ifconfig`, `networksetup -listallhardwareports` and, for
-//! JACCL, `ibv_devices` (over ssh; directly on `127.0.0.1`/`localhost`; or from saved files
+//! On every rank's host it runs `ifconfig`, `networksetup -listallhardwareports`, for
+//! JACCL `ibv_devices` and for the ring `sysctl -n net.ipv4.tcp_congestion_control` (over ssh; directly on `127.0.0.1`/`localhost`; or from saved files
 //! with `--replay DIR`, as `nuvec-launch config --replay` reads them, plus `ifconfig.txt`), and
 //! checks each rank's host file entry against them ([`checks`]): which interface each address
 //! of the job is on, an address on Wi-Fi while Thunderbolt has addresses, an address on the
 //! Thunderbolt Bridge or on no interface, the bridge up over an interface the job uses, an
 //! RDMA device missing, its interface without an IPv4 address (no IPv4-mapped GID) or
-//! unplugged.
+//! unplugged; and a Linux host's TCP congestion control (`tcp_congestion_control.txt` when
+//! replayed), with advice where it is BBR.
 //!
 //! Then (not with `--replay` or `--no-measure`) it measures every link of the job's topology
 //! as the job would use it: it starts itself as a probe (`nuvec-launch probe`, [`probe`]) on
@@ -90,7 +91,9 @@ use clap::Parser;
 
 use self::measure::Budget;
 use crate::args::Args;
-use crate::config::discover::{HARDWARE_PORTS, IBV_DEVICES, hardware_ports, rdma_devices};
+use crate::config::discover::{
+    CONGESTION, HARDWARE_PORTS, IBV_DEVICES, hardware_ports, rdma_devices,
+};
 use crate::config::ssh::{COMMAND_TIMEOUT, Output, Replay, Runner, Ssh, bounded};
 use crate::hosts::{HostList, hosts_of};
 use crate::plan::{LOCAL_HOSTS, Plan};
@@ -606,9 +609,20 @@ fn state_of(
         .collect();
     let rdma = (backend != "ring")
         .then(|| rdma_devices(&run_on(host, &[IBV_DEVICES], runner, replay).stdout));
+    // A Linux host's congestion control, which the ring's speed depends on (README, "TCP
+    // congestion control"); none where the command fails (macOS).
+    let congestion = (backend == "ring")
+        .then(|| {
+            let words: Vec<&str> = CONGESTION.split(' ').collect();
+            run_on(host, &words, runner, replay)
+        })
+        .filter(|out| out.success)
+        .map(|out| out.stdout.trim().to_owned())
+        .filter(|name| !name.is_empty());
     Ok(checks::HostState {
         interfaces: interfaces::interfaces(&ifconfig.stdout),
         ports,
         rdma,
+        congestion,
     })
 }
