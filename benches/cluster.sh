@@ -33,6 +33,8 @@
 #            CUBIC (NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic; only when IMPLS names them): Linux's
 #            and macOS's default, where the hosts here may run another (the table's first line
 #            says which; README, "TCP congestion control")
+#   arraysreno  arrays with the ring connections on Reno (only when IMPLS names it): the one
+#            every Linux process may choose
 #   raw      this checkout's RingCommunicator::try_all_reduce (benches/allreduce/)
 # busbw = bytes * 2 (n - 1) / n / p50, shown in Gbit/s and as a percentage of the link's
 # measured TCP goodput, then each column's CPU µs per operation and rank (of its best run).
@@ -187,6 +189,7 @@ for n in $RANKS; do
     wanted upstreamkeep && JOB_ENV="$KEEP_MEMORY" launch upstreamkeep "$n" "$rep" "$UPSTREAM" --impl upstream --sizes "$SIZES"
     wanted arrayskeep && JOB_ENV="$KEEP_MEMORY" launch arrayskeep "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted arrayscubic && JOB_ENV=NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic launch arrayscubic "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
+    wanted arraysreno && JOB_ENV=NUVEC_DISTRIBUTED_TCP_CONGESTION=reno launch arraysreno "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted arraysmlxcubic && WIRE=mlx JOB_ENV=NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic launch arraysmlxcubic "$n" "$rep" "$UPSTREAM" --impl local --sizes "$SIZES"
     wanted raw && launch raw "$n" "$rep" "$BENCH" --sizes "$SIZES" --no-wire
   done
@@ -238,6 +241,8 @@ def column(name, impl):
         return "arrays, CUBIC"
     if name == "arraysmlxcubic":
         return "arrays, MLX's wire, CUBIC"
+    if name == "arraysreno":
+        return "arrays, Reno"
     return {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[impl]
 # The words of benches/allreduce's table header that are units, not column names.
 UNITS = {"µs", "µs/rank", "GB/s"}
@@ -280,7 +285,7 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
                 keep("raw", n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
 
 cols = ["mlx", "0.5.0", "arrays", "arrays, MLX's wire", "raw"]
-for extra in ("arrays, parked", "0.5.0, memory kept", "arrays, memory kept", "arrays, CUBIC", "arrays, MLX's wire, CUBIC"):
+for extra in ("arrays, parked", "0.5.0, memory kept", "arrays, memory kept", "arrays, CUBIC", "arrays, MLX's wire, CUBIC", "arrays, Reno"):
     if any(k[0] == extra for k in best):
         cols.insert(len(cols) - 1, extra)
 
@@ -390,7 +395,7 @@ if xs:
     ymax = max(link, max(bw for pts in series.values() for _, bw in pts)) * 1.1
     px = lambda b: L + (math.log2(b) - x0) / max(x1 - x0, 1) * (W - L - R)
     py = lambda v: T + (1 - v / ymax) * (H - T - B)
-    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "arrays, MLX's wire": "#ff7f0e", "arrays, parked": "#17becf", "0.5.0, memory kept": "#c5b0d5", "arrays, memory kept": "#aec7e8", "arrays, CUBIC": "#8c564b", "arrays, MLX's wire, CUBIC": "#e377c2", "raw": "#2ca02c"}
+    colour = {"mlx": "#d62728", "0.5.0": "#9467bd", "arrays": "#1f77b4", "arrays, MLX's wire": "#ff7f0e", "arrays, parked": "#17becf", "0.5.0, memory kept": "#c5b0d5", "arrays, memory kept": "#aec7e8", "arrays, CUBIC": "#8c564b", "arrays, MLX's wire, CUBIC": "#e377c2", "arrays, Reno": "#bcbd22", "raw": "#2ca02c"}
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
            f'<text x="{L}" y="20" font-size="14">all_sum float32 busbw on a cluster of namespaces, NICs at {rate}</text>']
