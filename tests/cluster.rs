@@ -1961,14 +1961,20 @@ fn the_doctor_measures_every_link_of_a_clean_cluster_within_ten_percent_of_iperf
     assert_eq!(done.code, Some(0), "{}", done.describe());
     let report: serde_json::Value = serde_json::from_str(&done.stdout).expect("the JSON report");
     // Every host says its TCP congestion control, as the host itself reads it.
-    let mut sysctl = Command::new("sysctl");
-    sysctl.args(["-n", "net.ipv4.tcp_congestion_control"]);
-    let congestion = run(&mut c.on(0, sysctl), Duration::from_secs(30));
-    let said = format!(
-        "TCP congestion control {} (net.ipv4.tcp_congestion_control)",
-        congestion.stdout.trim()
-    );
-    for rank in report["ranks"].as_array().expect("the ranks") {
+    for (r, rank) in report["ranks"]
+        .as_array()
+        .expect("the ranks")
+        .iter()
+        .enumerate()
+    {
+        let mut read = Command::new("cat");
+        read.arg("/proc/sys/net/ipv4/tcp_congestion_control");
+        let own = run(&mut c.on(r, read), Duration::from_secs(30));
+        assert_eq!(own.code, Some(0), "{}", own.describe());
+        let said = format!(
+            "TCP congestion control {} (net.ipv4.tcp_congestion_control)",
+            own.stdout.trim()
+        );
         let seen = rank["seen"].as_array().expect("what the rank's host has");
         assert!(
             seen.iter()

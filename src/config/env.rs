@@ -12,7 +12,7 @@
 //! | `NUVEC_DISTRIBUTED_LOG` | `off`, `error`, `warn`, `info` or `debug` (any case) |
 //! | `NUVEC_DISTRIBUTED_SPIN_US` | a fixed time a waiting step looks before it parks, 0 to 1 000 000 µs (unset: it adapts) |
 //! | `NUVEC_DISTRIBUTED_LOCAL_LINKS` | `1` (the default) or `0`: whether ring links between ranks on one machine may use shared memory |
-//! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | the TCP congestion control of the ring's connections, a name the kernel offers (`cubic`, `reno`, `bbr`…; Linux only; unset: the host's; see [`Options::tcp_congestion`](crate::Options::tcp_congestion)) |
+//! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | the TCP congestion control of the ring's connections, a name the kernel allows (`cubic`, `reno`, `bbr`…; Linux only; unset: the host's; see [`Options::tcp_congestion`](crate::Options::tcp_congestion)) |
 //! | `NUVEC_DISTRIBUTED_WIRE` | `auto` (the default), `mlx` or `nuvec` (any case): which wire the ring may speak (see [`WireChoice`](crate::WireChoice)) |
 //! | `NUVEC_DISTRIBUTED_RECORD` | how many operations each group's flight recorder keeps, 0 to 1 000 000 (default 256), `0`: none |
 //! | `NUVEC_DISTRIBUTED_RECORD_DIR` | a directory where a rank writes its flight record (on a failure, and when asked; see `collective::record`) |

@@ -280,18 +280,19 @@ impl Options {
         self
     }
 
-    /// The TCP congestion control of the ring's connections, by the kernel's name (`cubic`,
-    /// `reno`, `bbr`, …: Linux's `net.ipv4.tcp_available_congestion_control`;
+    /// The TCP congestion control of the ring's connections, sub-groups' included, by the
+    /// kernel's name (`cubic`, `reno`, `bbr`, …: one of Linux's
+    /// `net.ipv4.tcp_allowed_congestion_control`, or of `tcp_available_congestion_control` for
+    /// a process with `CAP_NET_ADMIN`;
     /// `NUVEC_DISTRIBUTED_TCP_CONGESTION` for [`init`](crate::init)). Without it (the default)
     /// a connection takes the host's (`net.ipv4.tcp_congestion_control`). Linux only: elsewhere
     /// it is ignored, with a warning (macOS has no choice per connection and runs CUBIC).
     ///
-    /// Why choose: on hosts running BBR the ring was measured slower than on CUBIC, Linux's
-    /// and macOS's default: 3 points of a 1 Gbit/s link at 16 MiB, and 1.8× the time at 1 MiB
-    /// on 4 unshaped hosts of the emulated cluster (the README's "TCP congestion control":
-    /// BBR against the ring's two connections out of one network interface, as far as it was
-    /// found). A name the kernel does not offer fails setup, naming it and what the host
-    /// offers.
+    /// Why choose: on hosts running BBR the ring was measured slower than on CUBIC (Linux's
+    /// and macOS's default) or Reno (which every process may choose): 3 points of a 1 Gbit/s
+    /// link at 16 MiB, and 1.8× the time at 1 MiB on 4 unshaped hosts of the emulated cluster,
+    /// where Reno was also ahead of CUBIC at 16 MiB (the README's "TCP congestion control"). A name the kernel refuses fails setup, naming it and what the host offers
+    /// and allows.
     ///
     /// # Errors
     ///

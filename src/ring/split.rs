@@ -169,7 +169,14 @@ impl Splitter<TcpFabric> for TcpRing {
                     plan.color
                 ),
             })?
-            .with_congestion(self.congestion.as_deref(), &self.log)?;
+            .with_congestion(self.congestion.as_deref(), &self.log)
+            .map_err(|e| Error::Connect {
+                rank: me,
+                what: format!(
+                    "split: the sub-group of color {} (its ranks numbered within it): {e}",
+                    plan.color
+                ),
+            })?;
         Ok(Some(SubFabric {
             fabric,
             splitter: Arc::new(self.clone()),

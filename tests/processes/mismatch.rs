@@ -199,11 +199,16 @@ fn ranks_that_wait_on_a_neighbour_whose_send_returned_fail_when_a_rank_that_fail
     for local in [true, false] {
         // On 3 ranks rank 2 names both calls; rank 0, waiting for rank 1, hears only rank 2's
         // notice (rank 2 owes it nothing, so its close alone would not fail rank 0), and says
-        // both: whom it waited for and who failed.
+        // both: whom it waited for and who failed. Whom it waited for is rank 1, and in a rare
+        // run rank 2 as well (seen once in a full run of this binary: none of rank 2's 32
+        // bytes had come, rank 2 having failed before it wrote to rank 0); the error then
+        // names rank 2's transfer. Both are true of that run.
         let calls = [Call::Sum(small), Call::Send(100), Call::Sum(small)];
         let outcomes = check(&calls, local, &[2]);
         assert!(
-            matches!(&outcomes[0].0, Err(text) if text.contains("receiving from rank 1 link 0")
+            matches!(&outcomes[0].0, Err(text)
+                if (text.contains("receiving from rank 1 link 0")
+                    || text.contains("receiving from rank 2 link 0 (0 of 32 bytes)"))
                 && text.contains("rank 2 failed and left the group")),
             "local links {local}: {outcomes:?}"
         );

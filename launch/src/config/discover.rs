@@ -69,9 +69,9 @@ pub(crate) const THUNDERBOLT: &str = "system_profiler SPThunderboltDataType -jso
 pub(crate) const HARDWARE_PORTS: &str = "networksetup -listallhardwareports";
 /// The command that lists the RDMA devices.
 pub(crate) const IBV_DEVICES: &str = "ibv_devices";
-/// The command that prints a Linux host's TCP congestion control (macOS has no such key, and
-/// the command fails there).
-pub(crate) const CONGESTION: &str = "sysctl -n net.ipv4.tcp_congestion_control";
+/// The command that prints a Linux host's TCP congestion control: `grep -s`, which is on every
+/// host's default path and says nothing where the file is missing (macOS: it fails quietly).
+pub(crate) const CONGESTION: &str = "grep -s . /proc/sys/net/ipv4/tcp_congestion_control";
 
 /// `networksetup -listallhardwareports`: hardware port name to device, e.g.
 /// `"Thunderbolt 1" -> "en2"`. A `Device:` line belongs to the `Hardware Port:` line before

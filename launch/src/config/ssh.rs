@@ -19,6 +19,7 @@
 //! | `ibv_devices`                                 | `ibv_devices.txt`  | no output          |
 //! | `ipconfig getifaddr en0` (and `en1`)          | `en0.txt`, `en1.txt` | no output        |
 //! | `ifconfig` (`nuvec-launch doctor`)            | `ifconfig.txt`     | fails, no output   |
+//! | `grep -s . /proc/sys/net/ipv4/tcp_congestion_control` (doctor, ring) | `tcp_congestion_control.txt` | no output |
 //!
 //! With `--auto-setup` a replay prints the ssh command it would run instead of running it.
 

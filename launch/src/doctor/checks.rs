@@ -15,7 +15,7 @@
 //! * **any backend**: the Thunderbolt Bridge up with an interface the job uses as a member.
 //!
 //! For the ring it also says a Linux host's TCP congestion control, with advice where it is
-//! BBR, on which the ring was measured slower than on CUBIC (README, "TCP congestion
+//! BBR, on which the ring was measured slower than on Reno or CUBIC (README, "TCP congestion
 //! control"): a choice of the host's, so not a problem.
 
 use std::collections::HashMap;
@@ -34,7 +34,7 @@ pub(crate) struct HostState {
     pub(crate) ports: HashMap<String, String>,
     /// Its RDMA devices (`ibv_devices`), when they were asked for.
     pub(crate) rdma: Option<Vec<String>>,
-    /// Its TCP congestion control (`sysctl -n net.ipv4.tcp_congestion_control`: Linux), when it
+    /// Its TCP congestion control (`/proc/sys/net/ipv4/tcp_congestion_control`: Linux), when it
     /// was asked for and could be read.
     pub(crate) congestion: Option<String>,
 }
@@ -233,8 +233,10 @@ pub(crate) fn check(
 /// What the report says of a host's TCP congestion control `name`.
 fn congestion_seen(name: &str) -> String {
     let advice = if name == "bbr" {
-        ": the ring ran slower on BBR hosts than on CUBIC (README, TCP congestion control); \
-         NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic (nuvec-launch --env) gives its connections CUBIC"
+        ": the ring ran slower on BBR hosts than on Reno or CUBIC (README, TCP congestion \
+         control); NUVEC_DISTRIBUTED_TCP_CONGESTION=reno (nuvec-launch --env) gives its \
+         connections Reno, which every process may choose (cubic where \
+         net.ipv4.tcp_allowed_congestion_control lists it)"
     } else {
         ""
     };
@@ -273,7 +275,7 @@ mod tests {
         let said = f.seen.last().expect("a line");
         assert!(
             said.starts_with("TCP congestion control bbr")
-                && said.contains("NUVEC_DISTRIBUTED_TCP_CONGESTION=cubic"),
+                && said.contains("NUVEC_DISTRIBUTED_TCP_CONGESTION=reno"),
             "{said}"
         );
         h.congestion = Some("cubic".to_owned());

@@ -6,7 +6,8 @@
 //! ```
 //!
 //! On every rank's host it runs `ifconfig`, `networksetup -listallhardwareports`, for
-//! JACCL `ibv_devices` and for the ring `sysctl -n net.ipv4.tcp_congestion_control` (over ssh; directly on `127.0.0.1`/`localhost`; or from saved files
+//! JACCL `ibv_devices` and for the ring a read of `/proc/sys/net/ipv4/tcp_congestion_control`
+//! (over ssh; directly on `127.0.0.1`/`localhost`; or from saved files
 //! with `--replay DIR`, as `nuvec-launch config --replay` reads them, plus `ifconfig.txt`), and
 //! checks each rank's host file entry against them ([`checks`]): which interface each address
 //! of the job is on, an address on Wi-Fi while Thunderbolt has addresses, an address on the
@@ -177,7 +178,8 @@ pub(crate) struct DoctorArgs {
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
     /// Run nothing: read each host's command outputs from DIR/HOST/ (ifconfig.txt,
-    /// hardware-ports.txt, ibv_devices.txt); links are not measured
+    /// hardware-ports.txt, ibv_devices.txt, tcp_congestion_control.txt); links are not
+    /// measured
     #[arg(long, value_name = "DIR")]
     replay: Option<PathBuf>,
 }
