@@ -288,10 +288,11 @@ impl Options {
     /// a connection takes the host's (`net.ipv4.tcp_congestion_control`). Linux only: elsewhere
     /// it is ignored, with a warning (macOS has no choice per connection and runs CUBIC).
     ///
-    /// Why choose: on hosts running BBR the ring was measured slower than on CUBIC (Linux's
-    /// and macOS's default) or Reno (which every process may choose): 3 points of a 1 Gbit/s
-    /// link at 16 MiB, and 1.8× the time at 1 MiB on 4 unshaped hosts of the emulated cluster,
-    /// where Reno was also ahead of CUBIC at 16 MiB (the README's "TCP congestion control"). A name the kernel refuses fails setup, naming it and what the host offers
+    /// Why choose: on hosts running BBR the ring was measured slower at several sizes than on
+    /// CUBIC (Linux's and macOS's default) or Reno (which every process may choose): 3 points
+    /// of a 1 Gbit/s link at 16 MiB on 4 hosts of the emulated cluster, and 1.8× the time at
+    /// 1 MiB on 4 unshaped hosts; unshaped, Reno was also ahead of CUBIC at 16 MiB (the
+    /// README's "TCP congestion control"). A name the kernel refuses fails setup, naming it and what the host offers
     /// and allows.
     ///
     /// # Errors

@@ -15,8 +15,8 @@
 //! * **any backend**: the Thunderbolt Bridge up with an interface the job uses as a member.
 //!
 //! For the ring it also says a Linux host's TCP congestion control, with advice where it is
-//! BBR, on which the ring was measured slower than on Reno or CUBIC (README, "TCP congestion
-//! control"): a choice of the host's, so not a problem.
+//! BBR, on which the ring was measured slower at several sizes than on Reno or CUBIC (README,
+//! "TCP congestion control"): a choice of the host's, so not a problem.
 
 use std::collections::HashMap;
 
@@ -233,10 +233,9 @@ pub(crate) fn check(
 /// What the report says of a host's TCP congestion control `name`.
 fn congestion_seen(name: &str) -> String {
     let advice = if name == "bbr" {
-        ": the ring ran slower on BBR hosts than on Reno or CUBIC (README, TCP congestion \
-         control); NUVEC_DISTRIBUTED_TCP_CONGESTION=reno (nuvec-launch --env) gives its \
-         connections Reno, which every process may choose (cubic where \
-         net.ipv4.tcp_allowed_congestion_control lists it)"
+        ": the ring was slower on BBR at several sizes (README, TCP congestion control); \
+         try NUVEC_DISTRIBUTED_TCP_CONGESTION=reno (nuvec-launch --env), which every process \
+         may choose"
     } else {
         ""
     };
