@@ -228,22 +228,20 @@ def fail(path, lineno, line, why):
 ROW = ["ROW", "impl", "ranks", "bytes", "p50", "p99", "check", "cpu"]
 COPY = ["COPY", "impl", "ranks", "bytes", "p50"]
 
+# The columns of the jobs named apart from their program, by job name, in the tables' order;
+# every other job's column is its program's (the ROW line's impl).
+NAMED = {
+    "arraysmlx": "arrays, MLX's wire",
+    "arrayspark": "arrays, parked",
+    "upstreamkeep": "0.5.0, memory kept",
+    "arrayskeep": "arrays, memory kept",
+    "arrayscubic": "arrays, CUBIC",
+    "arraysmlxcubic": "arrays, MLX's wire, CUBIC",
+    "arraysreno": "arrays, Reno",
+}
+
 def column(name, impl):
-    if name == "arraysmlx":
-        return "arrays, MLX's wire"
-    if name == "arrayspark":
-        return "arrays, parked"
-    if name == "upstreamkeep":
-        return "0.5.0, memory kept"
-    if name == "arrayskeep":
-        return "arrays, memory kept"
-    if name == "arrayscubic":
-        return "arrays, CUBIC"
-    if name == "arraysmlxcubic":
-        return "arrays, MLX's wire, CUBIC"
-    if name == "arraysreno":
-        return "arrays, Reno"
-    return {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[impl]
+    return NAMED.get(name) or {"mlx": "mlx", "upstream": "0.5.0", "local": "arrays"}[impl]
 # The words of benches/allreduce's table header that are units, not column names.
 UNITS = {"µs", "µs/rank", "GB/s"}
 
@@ -285,7 +283,8 @@ for path in sorted(glob.glob(os.path.join(out, "*-*-*.log"))):
                 keep("raw", n, int(row["bytes"]), float(row["p50"]), row["check"], number(row["cpu"]))
 
 cols = ["mlx", "0.5.0", "arrays", "arrays, MLX's wire", "raw"]
-for extra in ("arrays, parked", "0.5.0, memory kept", "arrays, memory kept", "arrays, CUBIC", "arrays, MLX's wire, CUBIC", "arrays, Reno"):
+# The optional columns, shown only when a job ran them, before raw.
+for extra in [c for c in NAMED.values() if c not in cols]:
     if any(k[0] == extra for k in best):
         cols.insert(len(cols) - 1, extra)
 
