@@ -142,7 +142,8 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) python: Option<String>,
     /// Keep the ranks' flight records (rank-R.jsonl) in this directory, rather than in a
-    /// temporary one removed at the end; read them with `nuvec-launch diagnose DIR`
+    /// temporary one removed at the end (an earlier job's records there are removed first);
+    /// read them with `nuvec-launch diagnose DIR`
     #[arg(long, value_name = "DIR")]
     pub(crate) dump_records: Option<PathBuf>,
     /// When no rank has completed an operation for this many seconds, ask the ranks for

@@ -64,6 +64,7 @@ impl RecordDir {
         let remote = format!("/tmp/nuvec-launch-records-{pid}-{stamp}");
         if let Some(dir) = dump {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            clear_previous_job(dir)?;
             return Ok(RecordDir {
                 path: dir.to_path_buf(),
                 keep: true,
@@ -260,5 +261,58 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Option<bool> {
                 return None;
             }
         }
+    }
+}
+
+/// Removes what an earlier job left in a kept records directory (`--dump-records DIR` used
+/// again): its `request` (whose id this job's first request would repeat, so that the ranks
+/// took it as answered already), its records and its progress files (which a rank of this job
+/// that leaves none would be diagnosed by). Other files are left alone.
+///
+/// # Errors
+///
+/// A file that cannot be removed, with the system's message.
+fn clear_previous_job(dir: &Path) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name == "request"
+            || name == "request.tmp"
+            || (records::rank_of(&name).is_some()
+                && [".jsonl", ".jsonl.part", ".progress"]
+                    .iter()
+                    .any(|end| name.ends_with(end)));
+        if ours {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(|e| {
+                format!("{}: cannot remove an earlier job's file: {e}", path.display())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_records_directory_used_again_loses_the_earlier_jobs_files_and_keeps_others() {
+        let dir = std::env::temp_dir().join(format!("nuvec-launch-clear-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let earlier = ["request", "rank-0.jsonl", "rank-12.progress", "rank-3.jsonl.part"];
+        let others = ["notes.txt", "rank-summary.jsonl"];
+        for name in earlier.iter().chain(&others) {
+            std::fs::write(dir.join(name), "1\n").expect("a file");
+        }
+        let records = RecordDir::create(Some(&dir)).expect("the directory");
+        let mut left: Vec<String> = std::fs::read_dir(records.path())
+            .expect("the directory")
+            .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, others);
+        std::fs::remove_dir_all(&dir).expect("removed");
     }
 }

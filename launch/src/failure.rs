@@ -269,7 +269,6 @@ pub(crate) fn summary(exits: &[Exit]) -> Vec<(Level, String)> {
             lines.push((Level::Warn, node_line(e)));
         }
     }
-    let named = format!("rank {}", cause.rank);
     let (mut naming, mut erring, mut stopped, mut completed) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, e) in exits.iter().enumerate() {
@@ -280,7 +279,7 @@ pub(crate) fn summary(exits: &[Exit]) -> Vec<(Level, String)> {
             stopped.push(e.rank);
         } else if !e.ending.failed() {
             completed.push(e.rank);
-        } else if e.tail.iter().any(|l| l.contains(&named)) {
+        } else if e.tail.iter().any(|l| names_rank(l, cause.rank)) {
             naming.push(e.rank);
         } else {
             erring.push(e.rank);
@@ -310,6 +309,14 @@ pub(crate) fn summary(exits: &[Exit]) -> Vec<(Level, String)> {
         ));
     }
     lines
+}
+
+/// Whether `line` names `rank` as "rank N" with no digit after it: rank 1 is not named by
+/// "rank 10" or "rank 12" (in a job of 12 ranks every line of rank 10 begins with its own name).
+fn names_rank(line: &str, rank: usize) -> bool {
+    let named = format!("rank {rank}");
+    line.match_indices(&named)
+        .any(|(at, _)| !line[at + named.len()..].starts_with(|c: char| c.is_ascii_digit()))
 }
 
 #[cfg(test)]
@@ -416,6 +423,25 @@ mod tests {
                  errors; rank 3 stopped by the launcher",
             ]
         );
+    }
+
+    #[test]
+    fn a_rank_whose_number_begins_with_the_culprits_is_not_said_to_name_it() {
+        // Rank 1 failed in a job of 12: rank 10's lines name only itself, rank 11's name rank 1.
+        let exits = [
+            exit(1, Ending::Code(101), 10, &["boom"]),
+            exit(10, Ending::Code(3), 11, &["distributed: rank 10: all_sum #1: timed out"]),
+            exit(11, Ending::Code(3), 11, &["rank 11: the connection was closed by rank 1"]),
+        ];
+        let text: Vec<String> = summary(&exits).into_iter().map(|(_, l)| l).collect();
+        assert_eq!(
+            text.last().map(String::as_str),
+            Some("in consequence: rank 11 exited with errors naming rank 1; rank 10 exited with errors")
+        );
+        assert!(names_rank("closed by rank 1", 1));
+        assert!(names_rank("rank 1: x", 1));
+        assert!(!names_rank("rank 12: x", 1));
+        assert!(names_rank("rank 12 and rank 1.", 1));
     }
 
     #[test]
