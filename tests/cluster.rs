@@ -6,7 +6,8 @@
 //! over the RDMA fabric on the software provider's TCP wire, a hostfile of host names,
 //! and the faults of a network: a pulled cable (ring, also under nuvec-launch, whose merged
 //! flight records name the cut host's rank; and JACCL over RDMA), Ctrl-C on a job stuck
-//! across hosts (the records fetched over ssh), a glitch shorter
+//! across hosts (the records fetched over ssh), `--hang-report` across hosts (silent while
+//! remote ranks complete operations, naming the stuck one once they stop), a glitch shorter
 //! than the timeout, a slow host and a stranger during setup; and `nuvec-launch doctor` on a
 //! clean cluster (against iperf3, its all_sum sweep against the slowest link), a host at a
 //! tenth of the rate (the sweep names one of its links), a host file address on a second,
@@ -88,6 +89,7 @@ fn a_cluster_rank_runs_its_role() {
         Ok("launched") => launched_rank(),
         Ok("launched-loop") => launched_loop_rank(),
         Ok("stuck") => stuck_rank(),
+        Ok("busy-then-stuck") => busy_then_stuck_rank(),
         Ok("disagree") => disagreeing_rank(),
         Ok("loop") => loop_rank(),
         Ok("stranger") => stranger(),
@@ -130,6 +132,25 @@ fn stuck_rank() {
         .expect("the first all_sum");
     println!("JOINED");
     if group.rank() == 2 {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+    let _ = distributed::all_sum(&x, Some(&group)).eval();
+}
+
+/// A launched rank that completes 60 all_sums 50 ms apart (3 s and more) and prints
+/// `LOOPED`; then rank 1 is stuck in its own code (a sleep of at most 60 s) while the others
+/// wait for it in their next all_sum.
+fn busy_then_stuck_rank() {
+    let group = nuvec_distributed::init(true).expect("the group");
+    let x = ops::full([4usize], 1.0f32);
+    for _ in 0..60 {
+        distributed::all_sum(&x, Some(&group))
+            .eval()
+            .expect("an all_sum");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("LOOPED");
+    if group.rank() == 1 {
         std::thread::sleep(Duration::from_secs(60));
     }
     let _ = distributed::all_sum(&x, Some(&group)).eval();
@@ -1200,6 +1221,75 @@ fn the_first_ctrl_c_across_hosts_prints_where_every_rank_is_and_the_second_stops
         "MEASURED Ctrl-C across hosts, stopped {:.1} s after the second:\n{out}",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// `--hang-report` across hosts, the launcher on a host of no rank (host 0 launching ranks on
+/// hosts 1 and 2): the ranks' progress files are on their own hosts, so the launcher fetches
+/// them before it calls a job stalled. While the ranks complete all_sums for 3 s (three
+/// times the report's 1 s) nothing is reported; once rank 1 is stuck in its own code, the
+/// report comes and names it.
+#[test]
+fn hang_reports_across_hosts_come_only_when_the_remote_ranks_stop_completing_operations() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(3, "1gbit") else {
+        return;
+    };
+    let dir = procs::scratch("hang-report-hosts");
+    let log = dir.join("launcher.log");
+    let args = strings(&[
+        "--hosts",
+        &c.host_list(&[1, 2]),
+        "--backend",
+        "ring",
+        "--hang-report",
+        "1",
+        "--env",
+        &format!("{ROLE}=busy-then-stuck"),
+        "--env",
+        &format!("{}={RANK_TEST}", procs::CHILD),
+        "--env",
+        "NUVEC_DISTRIBUTED_TIMEOUT=60",
+    ]);
+    let mut args = args;
+    args.push("--".to_owned());
+    args.extend(launched_argv());
+    let child = spawn_logged(&mut launcher(&c, launcher::nuvec_launch(), &args), &log);
+    let pid = child.id().to_string();
+    let logs = [log.clone()];
+    wait_for_line(&logs, "- rank 1 is at all_sum #", Duration::from_secs(60));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let report = lines
+        .iter()
+        .position(|l| l.contains("no rank completed an operation for 1 s"))
+        .unwrap_or_else(|| panic!("no hang report\n{text}"));
+    for r in 0..2 {
+        let looped = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("[rank {r}] LOOPED")))
+            .unwrap_or_else(|| panic!("rank {r} did not loop\n{text}"));
+        assert!(
+            looped < report,
+            "reported while rank {r} still completed all_sums\n{text}"
+        );
+    }
+    // Two signals sent at once may reach the launcher as one: the second follows the first's
+    // report.
+    for said in [
+        "[WARN] Ctrl-C (press it again",
+        "[WARN] Ctrl-C again: stopping the job",
+    ] {
+        let status = Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -INT {pid}");
+        wait_for_line(&logs, said, Duration::from_secs(30));
+    }
+    let done = wait_all(vec![(child, log)], Duration::from_secs(30));
+    let (code, out, _) = &done[0];
+    assert_eq!(*code, Some(130), "{out}");
+    eprintln!("MEASURED --hang-report across hosts:\n{out}");
 }
 
 /// A mismatch on MLX's wire across three hosts: rank 1 calls all_gather where the others call

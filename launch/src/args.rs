@@ -147,7 +147,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DIR")]
     pub(crate) dump_records: Option<PathBuf>,
     /// When no rank has completed an operation for this many seconds, ask the ranks for
-    /// their records and print where each one is (as the first Ctrl-C does)
+    /// their records and print where each one is (as the first Ctrl-C does); the progress of
+    /// ranks on other hosts is fetched over ssh before a job is called stalled
     #[arg(long, value_name = "S", value_parser = seconds)]
     pub(crate) hang_report: Option<std::time::Duration>,
     /// The command each rank runs, and its arguments

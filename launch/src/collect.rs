@@ -165,14 +165,30 @@ impl RecordDir {
     /// rank's copy would lose the others' records. A host where a copy ran out of time keeps
     /// its directory (its records are still there to fetch by hand).
     pub(crate) fn fetch(&self, ranks: &[(usize, String)], remove: bool) {
+        let unfinished = self.copy_remote(ranks, "jsonl");
+        if remove {
+            self.remove_remote(ranks, &unfinished);
+        }
+    }
+
+    /// Copies the progress files of remote ranks (`(rank, host)`) here, at most
+    /// [`FETCH_WAIT`] in all: they are written on the ranks' own hosts, where `--hang-report`
+    /// cannot see them change.
+    pub(crate) fn fetch_progress(&self, ranks: &[(usize, String)]) {
+        self.copy_remote(ranks, "progress");
+    }
+
+    /// Copies each remote rank's `rank-R.EXT` (`ext`) here with `ssh HOST cat`, through a
+    /// `.part` file renamed once whole and not empty, at most [`FETCH_WAIT`] in all. Returns
+    /// the hosts where a copy ran out of time.
+    fn copy_remote<'a>(&self, ranks: &'a [(usize, String)], ext: &str) -> Vec<&'a str> {
         let dir = shell_quote(&self.remote);
         let mut running: Vec<(usize, &str, Child)> = Vec::new();
-        // Hosts where a copy was cut off: their directories stay.
         let mut unfinished: Vec<&str> = Vec::new();
         for (rank, host) in ranks {
-            let script = format!("cat {dir}/rank-{rank}.jsonl");
-            let Ok(file) = std::fs::File::create(self.path.join(format!("rank-{rank}.jsonl.part")))
-            else {
+            let script = format!("cat {dir}/rank-{rank}.{ext}");
+            let part = self.path.join(format!("rank-{rank}.{ext}.part"));
+            let Ok(file) = std::fs::File::create(&part) else {
                 continue;
             };
             if let Ok(child) = ssh(host, &script).stdout(Stdio::from(file)).spawn() {
@@ -181,21 +197,19 @@ impl RecordDir {
         }
         let deadline = Instant::now() + FETCH_WAIT;
         for (rank, host, mut child) in running {
-            let part = self.path.join(format!("rank-{rank}.jsonl.part"));
+            let part = self.path.join(format!("rank-{rank}.{ext}.part"));
             let ok = wait_until(&mut child, deadline).unwrap_or_else(|| {
                 unfinished.push(host);
                 false
             });
             let size = std::fs::metadata(&part).map_or(0, |m| m.len());
             if ok && size > 0 {
-                let _ = std::fs::rename(&part, self.path.join(format!("rank-{rank}.jsonl")));
+                let _ = std::fs::rename(&part, self.path.join(format!("rank-{rank}.{ext}")));
             } else {
                 let _ = std::fs::remove_file(&part);
             }
         }
-        if remove {
-            self.remove_remote(ranks, &unfinished);
-        }
+        unfinished
     }
 
     /// Removes the remote directory on the hosts of `ranks` (`(rank, host)`), but on those in
@@ -279,13 +293,16 @@ fn clear_previous_job(dir: &Path) -> Result<(), String> {
         let ours = name == "request"
             || name == "request.tmp"
             || (records::rank_of(&name).is_some()
-                && [".jsonl", ".jsonl.part", ".progress"]
+                && [".jsonl", ".jsonl.part", ".progress", ".progress.part"]
                     .iter()
                     .any(|end| name.ends_with(end)));
         if ours {
             let path = entry.path();
             std::fs::remove_file(&path).map_err(|e| {
-                format!("{}: cannot remove an earlier job's file: {e}", path.display())
+                format!(
+                    "{}: cannot remove an earlier job's file: {e}",
+                    path.display()
+                )
             })?;
         }
     }
@@ -301,7 +318,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("nuvec-launch-clear-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a directory");
-        let earlier = ["request", "rank-0.jsonl", "rank-12.progress", "rank-3.jsonl.part"];
+        let earlier = [
+            "request",
+            "rank-0.jsonl",
+            "rank-12.progress",
+            "rank-3.jsonl.part",
+        ];
         let others = ["notes.txt", "rank-summary.jsonl"];
         for name in earlier.iter().chain(&others) {
             std::fs::write(dir.join(name), "1\n").expect("a file");
@@ -309,7 +331,12 @@ mod tests {
         let records = RecordDir::create(Some(&dir)).expect("the directory");
         let mut left: Vec<String> = std::fs::read_dir(records.path())
             .expect("the directory")
-            .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         left.sort();
         assert_eq!(left, others);

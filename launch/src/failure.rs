@@ -430,13 +430,25 @@ mod tests {
         // Rank 1 failed in a job of 12: rank 10's lines name only itself, rank 11's name rank 1.
         let exits = [
             exit(1, Ending::Code(101), 10, &["boom"]),
-            exit(10, Ending::Code(3), 11, &["distributed: rank 10: all_sum #1: timed out"]),
-            exit(11, Ending::Code(3), 11, &["rank 11: the connection was closed by rank 1"]),
+            exit(
+                10,
+                Ending::Code(3),
+                11,
+                &["distributed: rank 10: all_sum #1: timed out"],
+            ),
+            exit(
+                11,
+                Ending::Code(3),
+                11,
+                &["rank 11: the connection was closed by rank 1"],
+            ),
         ];
         let text: Vec<String> = summary(&exits).into_iter().map(|(_, l)| l).collect();
         assert_eq!(
             text.last().map(String::as_str),
-            Some("in consequence: rank 11 exited with errors naming rank 1; rank 10 exited with errors")
+            Some(
+                "in consequence: rank 11 exited with errors naming rank 1; rank 10 exited with errors"
+            )
         );
         assert!(names_rank("closed by rank 1", 1));
         assert!(names_rank("rank 1: x", 1));

@@ -985,13 +985,42 @@ impl Job {
                 recv(progress_tick) -> _ => {
                     let Some(dir) = &self.records else { continue };
                     let Some(limit) = hang else { continue };
-                    let mut now: Vec<(usize, u64)> =
-                        dir.progress().iter().map(|p| (p.rank, p.completed)).collect();
-                    now.sort_unstable();
+                    let view = |dir: &collect::RecordDir| {
+                        let mut now: Vec<(usize, u64)> =
+                            dir.progress().iter().map(|p| (p.rank, p.completed)).collect();
+                        now.sort_unstable();
+                        now
+                    };
+                    let mut now = view(dir);
+                    let due = !stall_reported && !stopping && last_progress.1.elapsed() >= limit;
+                    if due && now == last_progress.0 {
+                        // Remote ranks write their progress on their own hosts: fetched only
+                        // when the local view says no rank moved, so at most once a period.
+                        let remote: Vec<(usize, String)> = self
+                            .ranks
+                            .iter()
+                            .filter(|r| !r.plan.local && r.running())
+                            .map(|r| (r.plan.rank, r.plan.host.clone()))
+                            .collect();
+                        if !remote.is_empty() {
+                            dir.fetch_progress(&remote);
+                            now = view(dir);
+                        }
+                    }
                     if now != last_progress.0 {
                         last_progress = (now, Instant::now());
                         stall_reported = false;
-                    } else if !stall_reported && !stopping && last_progress.1.elapsed() >= limit {
+                    } else if due && now.is_empty() {
+                        // No rank writes progress (ranks of Python MLX, or programs without
+                        // nuvec-distributed): a hang cannot be told from a long computation.
+                        stall_reported = true;
+                        warn(&format!(
+                            "--hang-report: no rank's progress could be read in {:.0} s (ranks of \
+                             Python MLX or of programs without nuvec-distributed write none), \
+                             so hangs are not reported; Ctrl-C asks for the records",
+                            limit.as_secs_f64()
+                        ));
+                    } else if due {
                         stall_reported = true;
                         self.hang_report(&format!(
                             "no rank completed an operation for {:.0} s",
