@@ -224,7 +224,10 @@ pub fn connect_jaccl(
                     rank,
                     what: format!("jaccl: cannot set the cables' link timeout: {e}"),
                 })?;
-            let splitter = Arc::new(TcpCables::new(topology, size, ip, log, options.spin));
+            let splitter = Arc::new(
+                TcpCables::new(topology, size, ip, log, options.spin)
+                    .with_links(options.link_timeout, options.progress),
+            );
             Ok(jaccl_group(
                 tcp,
                 topology,
@@ -243,7 +246,10 @@ pub fn connect_jaccl(
             // Sub-groups get new queue pairs on the same devices: this rank's devices toward
             // every job rank (a ring's toward its neighbours only).
             let devices: Vec<Vec<String>> = config.devices().get(rank).cloned().unwrap_or_default();
-            let splitter = Arc::new(jaccl::split_rdma::RdmaCables::new(topology, devices, log));
+            let splitter = Arc::new(
+                jaccl::split_rdma::RdmaCables::new(topology, devices, log)
+                    .with_waits(options.spin, options.progress),
+            );
             Ok(jaccl_group(
                 rdma,
                 topology,

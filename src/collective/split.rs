@@ -221,7 +221,8 @@ pub(crate) struct Parent<'a, F> {
     pub(crate) all_gather: &'a AllGather<'a>,
     /// How the parent's fabric makes new ones; `None`: it cannot.
     pub(crate) splitter: Option<&'a Arc<dyn Splitter<F>>>,
-    /// The parent's deadline, for the new connections too.
+    /// The parent's operation timeout (zero: none), which bounds the new connections'
+    /// deadline too (see `setup_deadline`).
     pub(crate) timeout: Duration,
 }
 
@@ -274,17 +275,30 @@ pub(crate) fn split_over<F>(
             what: format!("split: rank {r} claims {n} bytes of addresses (at most {MAX_GATHERED})"),
         })
     };
-    // Connections need a deadline even when the parent has no operation timeout.
-    let setup = if parent.timeout.is_zero() {
-        crate::config::options::DEFAULT_SETUP_TIMEOUT
-    } else {
-        parent.timeout
-    };
+    // The members are all running (they have just exchanged their addresses), so connecting
+    // takes what setup takes: at most the default setup deadline, less where the operation
+    // timeout is shorter, and a deadline even where the parent has no operation timeout.
+    // (The parent's operation timeout, 10 minutes by default, would keep every member of a
+    // color whose ports a firewall drops in `split` for that long.)
+    let setup = setup_deadline(parent.timeout);
     let made = splitter.sub_fabric(&plan, &mut exchange, setup)?;
     Ok(match made {
         None => Arc::new(Alone),
         Some(sub) => child(sub),
     })
+}
+
+/// The deadline of a sub-group's connections under a parent whose operation timeout is
+/// `timeout` (zero: none): [`DEFAULT_SETUP_TIMEOUT`], or `timeout` where it is shorter.
+///
+/// [`DEFAULT_SETUP_TIMEOUT`]: crate::config::options::DEFAULT_SETUP_TIMEOUT
+fn setup_deadline(timeout: Duration) -> Duration {
+    let default = crate::config::options::DEFAULT_SETUP_TIMEOUT;
+    if timeout.is_zero() {
+        default
+    } else {
+        timeout.min(default)
+    }
 }
 
 /// The sub-group of a rank that is alone in its color: every collective is the identity, as
@@ -346,6 +360,21 @@ impl Communicator for Alone {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_sub_group_connects_within_the_setup_deadline_not_the_operation_timeout() {
+        let setup = crate::config::options::DEFAULT_SETUP_TIMEOUT;
+        // The default operation timeout (10 minutes), none, and a short one.
+        assert_eq!(
+            setup_deadline(crate::config::options::DEFAULT_TIMEOUT),
+            setup
+        );
+        assert_eq!(setup_deadline(Duration::ZERO), setup);
+        assert_eq!(
+            setup_deadline(Duration::from_secs(5)),
+            Duration::from_secs(5)
+        );
+    }
 
     #[test]
     fn ranks_with_the_same_color_form_a_group_ordered_by_key_then_parent_rank() {

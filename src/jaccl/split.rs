@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::options::Spin;
+use crate::config::options::{DEFAULT_LINK_TIMEOUT, Spin};
 
 use nuvec_core::distributed::Communicator;
 
@@ -20,7 +20,7 @@ use super::tcp;
 use crate::collective::split::{Exchange, Plan, Splitter, SubFabric};
 use crate::config::log::Log;
 use crate::error::Error;
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, Watch};
 use crate::transport::tcp::TcpFabric;
 
 impl<F: Fabric + Send + 'static> JacclCommunicator<F> {
@@ -102,6 +102,10 @@ pub(crate) struct TcpCables {
     ip: IpAddr,
     log: Log,
     spin: Spin,
+    /// The parent's link timeout (see [`Options::link_timeout`](crate::Options::link_timeout)).
+    link_timeout: Duration,
+    /// The parent's progress timeout (`JACCL_PROGRESS_TIMEOUT_S`), if any.
+    progress: Option<Duration>,
 }
 
 impl TcpCables {
@@ -121,7 +125,17 @@ impl TcpCables {
             ip,
             log,
             spin,
+            link_timeout: DEFAULT_LINK_TIMEOUT,
+            progress: None,
         }
+    }
+
+    /// Gives a sub-group's cables the parent's link timeout and progress timeout, as the
+    /// job's cables get them from its options.
+    pub(crate) fn with_links(mut self, link_timeout: Duration, progress: Option<Duration>) -> Self {
+        self.link_timeout = link_timeout;
+        self.progress = progress;
+        self
     }
 }
 
@@ -175,7 +189,18 @@ impl Splitter<TcpFabric> for TcpCables {
             },
             timeout,
         )?
-        .with_wait(self.spin);
+        .with_wait(self.spin)
+        // No side channel of its own: a sub-group finds a dead peer by its cables' link
+        // timeout, and a stuck one by the progress timeout, as the job's cables do.
+        .with_watch(Watch::new(None, self.progress))
+        .with_link_timeout(self.link_timeout)
+        .map_err(|e| Error::Connect {
+            rank: me,
+            what: format!(
+                "split: cannot set the link timeout of the sub-group of color {}'s cables: {e}",
+                plan.color
+            ),
+        })?;
         Ok(Some(SubFabric {
             fabric,
             splitter: Arc::new(Self {
@@ -190,6 +215,61 @@ impl Splitter<TcpFabric> for TcpCables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_sub_group_over_tcp_cables_gets_the_parents_link_timeout() {
+        use std::sync::mpsc;
+        let limit = Duration::from_secs(4);
+        // Two job ranks on loopback, cabled as a mesh, both of color 0; the exchange swaps
+        // their listening addresses.
+        let (to_one, from_zero) = mpsc::channel::<Vec<u8>>();
+        let (to_zero, from_one) = mpsc::channel::<Vec<u8>>();
+        let ends = [(to_one, from_one), (to_zero, from_zero)];
+        let timeouts: Vec<Duration> = std::thread::scope(|s| {
+            let handles: Vec<_> = ends
+                .into_iter()
+                .enumerate()
+                .map(|(rank, (tx, rx))| {
+                    s.spawn(move || {
+                        let cables = TcpCables::new(
+                            Topology::Mesh { wires: 1 },
+                            2,
+                            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+                            Log::off(),
+                            Spin::Fixed(Duration::ZERO),
+                        )
+                        .with_links(limit, Some(Duration::from_secs(7)));
+                        let plan = Plan {
+                            color: 0,
+                            rank,
+                            members: vec![0, 1],
+                        };
+                        let mut exchange = |mine: &[u8]| -> Result<Vec<Vec<u8>>, Error> {
+                            tx.send(mine.to_vec()).expect("the other rank listens");
+                            let theirs = rx
+                                .recv_timeout(Duration::from_secs(20))
+                                .expect("the other rank's address");
+                            let mut all = vec![Vec::new(), Vec::new()];
+                            all[rank] = mine.to_vec();
+                            all[1 - rank] = theirs;
+                            Ok(all)
+                        };
+                        let sub = cables
+                            .sub_fabric(&plan, &mut exchange, Duration::from_secs(20))
+                            .expect("connect")
+                            .expect("a sub-group of two");
+                        sub.fabric.link_settings().0
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect()
+        });
+        assert_eq!(timeouts, [limit, limit]);
+    }
 
     #[test]
     fn a_ring_sub_group_needs_a_cable_between_every_pair_of_ring_neighbours() {

@@ -19,8 +19,9 @@ use super::side_channel::Destination;
 use super::split::check_cables;
 use crate::collective::split::{Exchange, Plan, Splitter, SubFabric};
 use crate::config::log::Log;
+use crate::config::options::{DEFAULT_SPIN, Spin};
 use crate::error::Error;
-use crate::fabric::Channel;
+use crate::fabric::{Channel, Watch};
 use crate::transport::rdma::{self as transport, Qp};
 
 /// How JACCL over RDMA makes a sub-group's fabric.
@@ -33,6 +34,10 @@ pub(crate) struct RdmaCables {
     /// The job rank of each rank of this group.
     job_ranks: Vec<usize>,
     log: Log,
+    /// The parent's wait policy.
+    spin: Spin,
+    /// The parent's progress timeout (`JACCL_PROGRESS_TIMEOUT_S`), if any.
+    progress: Option<Duration>,
 }
 
 impl RdmaCables {
@@ -44,7 +49,17 @@ impl RdmaCables {
             job_ranks: (0..devices.len()).collect(),
             devices,
             log,
+            spin: Spin::Adaptive(DEFAULT_SPIN),
+            progress: None,
         }
+    }
+
+    /// Gives a sub-group's queue pairs the parent's wait policy and progress timeout, as the
+    /// job's get them from its options.
+    pub(crate) fn with_waits(mut self, spin: Spin, progress: Option<Duration>) -> Self {
+        self.spin = spin;
+        self.progress = progress;
+        self
     }
 
     /// Cable `c`'s device toward job rank `j`.
@@ -198,6 +213,10 @@ impl Splitter<RdmaFabric> for RdmaCables {
         // The barrier: nobody sends before every queue pair of the sub-group is ready.
         exchange(&[])?;
         let mut fabric = brought_up?;
+        // No side channel of its own: a stuck peer is found by the progress timeout.
+        fabric.set_watch(Watch::new(None, self.progress));
+        fabric.set_wait(self.spin);
+        fabric.set_log(self.log);
         fabric.start_clock();
         Ok(Some(SubFabric {
             fabric,

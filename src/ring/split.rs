@@ -159,7 +159,22 @@ impl Splitter<TcpFabric> for TcpRing {
                 self.key.as_ref(),
                 self.local,
                 &self.log,
-            )?
+            )
+            .map_err(|e| {
+                let inner = match e {
+                    Error::Connect { rank, what } => format!("as its rank {rank}: {what}"),
+                    other => other.to_string(),
+                };
+                Error::Connect {
+                    rank: me,
+                    what: format!(
+                        "split: connecting the sub-group of color {} (parent ranks {:?}; the \
+                         ranks and addresses that follow are the sub-group's, numbered within \
+                         it, on ports it chose), {inner}",
+                        plan.color, plan.members
+                    ),
+                }
+            })?
             .with_wait(self.spin)
             .with_link_timeout(self.link_timeout)
             .map_err(|e| Error::Connect {
@@ -190,6 +205,46 @@ mod tests {
     use std::sync::mpsc;
 
     use super::*;
+
+    #[test]
+    fn a_sub_group_that_cannot_connect_says_so_naming_the_split_and_its_numbering() {
+        // Parent rank 3 is rank 0 of the sub-group {3, 7}; rank 7's address refuses.
+        let ring = TcpRing::new(
+            "127.0.0.1:1".to_owned(),
+            1,
+            None,
+            Log::off(),
+            Spin::Fixed(Duration::ZERO),
+            false,
+        );
+        let plan = Plan {
+            color: 5,
+            rank: 0,
+            members: vec![3, 7],
+        };
+        let mut exchange = |mine: &[u8]| -> Result<Vec<Vec<u8>>, Error> {
+            let mut all = vec![Vec::new(); 8];
+            all[3] = mine.to_vec();
+            all[7] = b"127.0.0.1:1".to_vec();
+            Ok(all)
+        };
+        let started = std::time::Instant::now();
+        let e = match ring.sub_fabric(&plan, &mut exchange, Duration::from_millis(500)) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("connected to a port that refuses"),
+        };
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        for said in [
+            "distributed: rank 3: split: connecting the sub-group of color 5 (parent ranks [3, 7];",
+            "as its rank 0: ",
+        ] {
+            assert!(e.contains(said), "{said:?} missing in {e:?}");
+        }
+    }
 
     #[test]
     fn a_sub_group_gets_the_parents_link_timeout_and_congestion_control() {

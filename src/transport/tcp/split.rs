@@ -4,8 +4,9 @@
 //! entry names (the host of its first address), on ports the system picks, as many as its
 //! parent ring has connections per neighbour; the members tell each other those addresses
 //! through the parent group (the caller's business), and then connect exactly as a ring
-//! formed from a hostfile does ([`connect::connect_ring_on`]): the same order, retries,
-//! deadline and, with a key, the same authentication. The listeners are bound before the
+//! formed from a hostfile does ([`connect::connect_ring_on`]): the same order, retries
+//! and, with a key, the same authentication, within the default setup deadline (30 s, less
+//! where the operation timeout is shorter: the split's `setup_deadline`). The listeners are bound before the
 //! addresses are told, so a neighbour that connects early finds them.
 
 use std::time::Duration;
