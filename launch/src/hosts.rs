@@ -60,9 +60,11 @@ impl HostList {
     ///
     /// # Errors
     ///
-    /// A [`UsageError`] when an entry is empty.
+    /// A [`UsageError`] when an entry is empty. Spaces around an entry are dropped
+    /// (`--hosts "10.0.0.1, 10.0.0.2"`), where `mlx.launch` would take " 10.0.0.2" for a host
+    /// name.
     pub(crate) fn from_list(list: &str, repeats: usize) -> Result<HostList, UsageError> {
-        let names: Vec<&str> = list.split(',').collect();
+        let names: Vec<&str> = list.split(',').map(str::trim).collect();
         if names.iter().any(|h| h.is_empty()) {
             return Err(usage_error("Hostname cannot be empty"));
         }
@@ -304,6 +306,13 @@ mod tests {
         );
         assert_eq!(
             HostList::from_list("", 1).unwrap_err().0,
+            "Hostname cannot be empty"
+        );
+        let spaced = HostList::from_list("10.0.0.1, 10.0.0.2 ", 1).unwrap();
+        assert_eq!(spaced.hosts[1].ssh, "10.0.0.2");
+        assert_eq!(spaced.hosts[1].ips, strings(&["10.0.0.2"]));
+        assert_eq!(
+            HostList::from_list("a, ,b", 1).unwrap_err().0,
             "Hostname cannot be empty"
         );
     }

@@ -67,10 +67,20 @@ fn shifted(addr: &str, offset: u16) -> Result<String, String> {
     })
 }
 
-/// The ring's options as a rank would have them, for a sweep of `budget` seconds.
+/// The ring's options as a rank would have them, for a sweep of `budget` seconds: the wire,
+/// the TCP congestion control and the key from the environment, as `init` reads them.
 fn options(budget: Duration) -> Result<Options, String> {
+    options_from(budget, |k| std::env::var_os(k))
+}
+
+/// [`options`] with the environment's variables from `var`.
+fn options_from(
+    budget: Duration,
+    var: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Result<Options, String> {
+    let text = |k: &str| var(k).map(|v| v.to_string_lossy().into_owned());
     let mut options = Options::new().timeout(SETUP + budget);
-    if let Ok(wire) = std::env::var("NUVEC_DISTRIBUTED_WIRE") {
+    if let Some(wire) = text("NUVEC_DISTRIBUTED_WIRE") {
         options = options.wire(match wire.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => WireChoice::Auto,
             "mlx" => WireChoice::Mlx,
@@ -78,7 +88,13 @@ fn options(budget: Duration) -> Result<Options, String> {
             other => return Err(format!("NUVEC_DISTRIBUTED_WIRE={other:?} is not a wire")),
         });
     }
-    if let Some(key) = std::env::var_os("NUVEC_DISTRIBUTED_KEY").filter(|k| !k.is_empty()) {
+    // The congestion control the doctor advises on a BBR host: swept as the ranks would run.
+    if let Some(name) = text("NUVEC_DISTRIBUTED_TCP_CONGESTION").filter(|n| !n.trim().is_empty()) {
+        options = options
+            .tcp_congestion(name.trim())
+            .map_err(|e| format!("NUVEC_DISTRIBUTED_TCP_CONGESTION: {e}"))?;
+    }
+    if let Some(key) = var("NUVEC_DISTRIBUTED_KEY").filter(|k| !k.is_empty()) {
         options = options
             .key(key.as_encoded_bytes())
             .map_err(|e| format!("NUVEC_DISTRIBUTED_KEY: {e}"))?;
@@ -467,5 +483,29 @@ mod tests {
         );
         assert!(shifted("10.0.0.2:65535", 1).is_err());
         assert!(shifted("10.0.0.2", 1).is_err());
+    }
+
+    #[test]
+    fn the_sweep_runs_on_the_congestion_control_its_environment_names() {
+        let budget = Duration::from_secs(1);
+        let with = |name: &'static str| {
+            options_from(budget, move |k| {
+                (k == "NUVEC_DISTRIBUTED_TCP_CONGESTION").then(|| name.into())
+            })
+        };
+        let reno = with("reno").expect("a name");
+        assert_eq!(
+            reno,
+            Options::new()
+                .timeout(SETUP + budget)
+                .tcp_congestion("reno")
+                .expect("a name")
+        );
+        assert_eq!(
+            with(" ").expect("unset"),
+            Options::new().timeout(SETUP + budget)
+        );
+        let e = with("not a name!").expect_err("refused");
+        assert!(e.starts_with("NUVEC_DISTRIBUTED_TCP_CONGESTION: "), "{e}");
     }
 }
