@@ -487,7 +487,17 @@ fn measure_links(
     };
     let host = |r: usize| list.hosts.get(r).map(|h| h.ssh.clone()).unwrap_or_default();
     let mut rows = Vec::new();
-    let mut probes = match probes::Probes::start(plan) {
+    // Each link: two connects, the round trips, both directions and the replies.
+    let per_link = budget.connect * 2
+        + budget.io
+        + budget.time * 2
+        + Duration::from_millis(budget.pings as u64 * 10);
+    let links = topologies.iter().map(|t| t.links.len()).sum();
+    let lifetime = probe_lifetime(per_link, links);
+    let mut plan = plan.clone();
+    plan.command
+        .extend(["--lifetime".to_owned(), lifetime.as_secs_f64().to_string()]);
+    let mut probes = match probes::Probes::start(&plan) {
         Ok(p) => p,
         Err(e) => {
             for t in &topologies {
@@ -516,11 +526,6 @@ fn measure_links(
         Some((r, e)) => Err(format!("the probe on rank {r} did not start: {e}")),
         None => Ok(()),
     };
-    // Each link: two connects, the round trips, both directions and the replies.
-    let per_link = budget.connect * 2
-        + budget.io
-        + budget.time * 2
-        + Duration::from_millis(budget.pings as u64 * 10);
     for t in &topologies {
         for l in &t.links {
             let mut row = report::Row {
@@ -562,6 +567,17 @@ fn measure_links(
 
 /// How long the probes get to start and say they are ready (ssh logins included).
 const PROBE_START: Duration = Duration::from_secs(30);
+
+/// How long the probes may live (they end themselves after it whatever happens): long enough
+/// for `links` links measured one after the other, each at its longest (`per_link`), after
+/// their start, and a minute to spare; 10 minutes at least (the probe's default).
+fn probe_lifetime(per_link: Duration, links: usize) -> Duration {
+    let links = u32::try_from(links).unwrap_or(u32::MAX);
+    PROBE_START
+        .saturating_add(per_link.saturating_mul(links))
+        .saturating_add(Duration::from_secs(60))
+        .max(Duration::from_secs(600))
+}
 
 fn usage(e: &clap::Error) -> i32 {
     if !e.use_stderr() {
@@ -627,4 +643,22 @@ fn state_of(
         rdma,
         congestion,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probes_live_long_enough_to_measure_every_link_at_its_longest() {
+        let minute = Duration::from_secs(60);
+        // Short links: the probe's default 10 minutes.
+        assert_eq!(probe_lifetime(Duration::from_secs(5), 8), 10 * minute);
+        // `--probe-seconds 400`: one link alone needs more than 10 minutes.
+        assert_eq!(
+            probe_lifetime(Duration::from_secs(820), 2),
+            PROBE_START + Duration::from_secs(1640) + minute
+        );
+        assert_eq!(probe_lifetime(Duration::MAX, usize::MAX), Duration::MAX);
+    }
 }
