@@ -49,10 +49,19 @@ pub(crate) struct Findings {
 }
 
 impl HostState {
+    /// The interface that holds `ip` (IPv4 or IPv6, compared as addresses: `fe80::1` is
+    /// `fe80:0::1`; a zone or brackets around it are dropped).
     fn holding(&self, ip: &str) -> Option<&Interface> {
+        let bare = ip.trim_start_matches('[').trim_end_matches(']');
+        let bare = bare.split_once('%').map_or(bare, |(a, _)| a);
+        let wanted: Option<std::net::IpAddr> = bare.parse().ok();
+        let same = |a: &String| match (wanted, a.parse::<std::net::IpAddr>()) {
+            (Some(w), Ok(a)) => w == a,
+            _ => a == ip,
+        };
         self.interfaces
             .iter()
-            .find(|i| i.inet.iter().any(|a| a == ip))
+            .find(|i| i.inet.iter().chain(&i.inet6).any(same))
     }
 
     fn interface(&self, name: &str) -> Option<&Interface> {
@@ -314,6 +323,28 @@ mod tests {
         );
         let none = check(0, "ring", &strings(&["10.9.9.9"]), &[], &h);
         assert!(none.problems[0].contains("on none of this host's interfaces"));
+    }
+
+    #[test]
+    fn an_ipv6_ring_address_is_found_on_its_interface_however_it_is_written() {
+        let text = "en2: flags=8863<UP,RUNNING> mtu 1500\n\tinet6 fd00:0:0:1::1 prefixlen 64\n\
+            \tinet6 fe80::1%en2 prefixlen 64 scopeid 0x4\n\tstatus: active\n";
+        let h = host(text, None);
+        for ip in [
+            "fd00:0:0:1::1",
+            "fd00::1:0:0:0:1",
+            "fe80::1%en2",
+            "[fe80::1]",
+        ] {
+            let f = check(0, "ring", &strings(&[ip]), &[], &h);
+            assert_eq!(f.problems, Vec::<String>::new(), "{ip}");
+            assert_eq!(
+                f.seen,
+                [format!("{ip} is on en2 (Thunderbolt 1, MTU 1500)")]
+            );
+        }
+        let f = check(0, "ring", &strings(&["fd00::2"]), &[], &h);
+        assert!(f.problems[0].contains("on none of this host's interfaces"));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! A host's network interfaces, from macOS's `ifconfig` (sans-IO).
 //!
 //! An interface starts at a line without leading whitespace (`en2: flags=8863<UP,...> mtu
-//! 1500`); its indented lines give its IPv4 addresses (`inet 192.168.0.1 netmask ...`), a
-//! bridge's members (`member: en2 flags=...`) and the link state (`status: active`).
+//! 1500`); its indented lines give its IPv4 addresses (`inet 192.168.0.1 netmask ...`), its
+//! IPv6 ones (`inet6 fe80::1%en0 prefixlen 64 ...`), a bridge's members (`member: en2
+//! flags=...`) and the link state (`status: active`).
 
 /// One interface as `ifconfig` shows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -15,6 +16,8 @@ pub(crate) struct Interface {
     pub(crate) mtu: Option<u32>,
     /// Its IPv4 addresses.
     pub(crate) inet: Vec<String>,
+    /// Its IPv6 addresses, without their zone (`fe80::1`, not `fe80::1%en0`).
+    pub(crate) inet6: Vec<String>,
     /// A bridge's member interfaces.
     pub(crate) members: Vec<String>,
     /// `status:` (`active`, `inactive`), when shown.
@@ -55,6 +58,10 @@ pub(crate) fn interfaces(text: &str) -> Vec<Interface> {
         let mut words = line.split_whitespace();
         match (words.next(), words.next()) {
             (Some("inet"), Some(addr)) => current.inet.push(addr.to_owned()),
+            (Some("inet6"), Some(addr)) => {
+                let addr = addr.split_once('%').map_or(addr, |(a, _)| a);
+                current.inet6.push(addr.to_owned());
+            }
             (Some("member:"), Some(member)) => current.members.push(member.to_owned()),
             (Some("status:"), Some(status)) => current.status = Some(status.to_owned()),
             _ => {}
@@ -85,6 +92,7 @@ mod tests {
         let names: Vec<&str> = all.iter().map(|i| i.name.as_str()).collect();
         assert_eq!(names, ["lo0", "en0", "en2", "bridge0"]);
         assert_eq!(all[1].inet, ["10.0.1.11"]);
+        assert_eq!(all[1].inet6, ["fe80::1"]);
         assert_eq!(all[1].mtu, Some(1500));
         assert!(all[1].up && !all[2].up && all[3].up);
         assert_eq!(all[2].status.as_deref(), Some("inactive"));
