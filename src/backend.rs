@@ -496,6 +496,19 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
         }
     }
     if matches!(backend, Backend::Any | Backend::Jaccl) {
+        // The key authenticates the ring's connections; JACCL's (its side channel, its TCP
+        // cables, its queue pairs) have no handshake to carry it. A job that set one expects
+        // authentication: refused rather than run without it.
+        if env.jaccl_launch() && env.key()?.is_some() {
+            return Err(crate::config::env::bad_value(
+                crate::config::env::KEY,
+                "(set; not shown)",
+                "authenticates the ring's connections only: JACCL's side channel and cables \
+                 are not authenticated, so a JACCL job with a key would run without it; unset \
+                 it for JACCL (and keep the job's network private)",
+            )
+            .into());
+        }
         match jaccl::env::job(env)? {
             Some(config) => {
                 let options = options_from(env)?;
@@ -689,6 +702,26 @@ mod tests {
                 .collect()
         });
         assert!(sums.iter().all(|d| d.iter().all(|&b| b == 3)));
+    }
+
+    #[test]
+    fn a_jaccl_launch_with_a_key_is_refused_naming_the_variable_without_its_value() {
+        let lookup = |name: &str| match name {
+            "MLX_RANK" => Some(OsString::from("0")),
+            "MLX_IBV_DEVICES" => Some(OsString::from("/nonexistent/devices.json")),
+            "MLX_JACCL_COORDINATOR" => Some(OsString::from("127.0.0.1:1")),
+            "NUVEC_DISTRIBUTED_KEY" => Some(OsString::from("a secret of sixteen bytes")),
+            _ => None,
+        };
+        let e = init_from(&Env::from_fn(&lookup), true, Backend::Jaccl)
+            .map(|_| ())
+            .expect_err("refused");
+        let text = e.to_string();
+        assert!(
+            text.contains("NUVEC_DISTRIBUTED_KEY") && text.contains("JACCL"),
+            "{text}"
+        );
+        assert!(!text.contains("sixteen"), "the secret shown: {text}");
     }
 
     #[test]

@@ -237,6 +237,7 @@ impl<F: Fabric, S> State<F, S> {
             self.failed = Some(error.clone());
             if let Some(record) = self.record.as_mut() {
                 record.end(Some(&error), now);
+                record.keep();
                 record::dump_on_failure();
             }
             return Err(error);

@@ -241,6 +241,11 @@ pub(crate) struct Record {
 /// the progress file.
 struct Registry {
     rings: std::sync::Mutex<Vec<Weak<Ring>>>,
+    /// The records of groups that failed, kept alive (the last [`KEPT_FAILED`]): a group
+    /// dropped after its failure (a sub-group whose `?` returned from `main`) must still be in
+    /// the dump its process writes as it exits, or that dump would replace the failure's with
+    /// a record that shows no error.
+    failed: std::sync::Mutex<Vec<Arc<Ring>>>,
     groups: AtomicU64,
     /// Operations completed by the groups that are gone.
     completed: AtomicU64,
@@ -276,6 +281,7 @@ fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| Registry {
         rings: std::sync::Mutex::new(Vec::new()),
+        failed: std::sync::Mutex::new(Vec::new()),
         groups: AtomicU64::new(0),
         completed: AtomicU64::new(0),
         last_end_us: AtomicU64::new(0),
@@ -678,8 +684,32 @@ fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     static WRITES: AtomicU64 = AtomicU64::new(0);
     let n = WRITES.fetch_add(1, Ordering::Relaxed);
     let tmp = path.with_extension(format!("{n}.tmp"));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        // A full disk fails every try: none may leave its temporary file behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// How many failed groups' records a process keeps alive after the groups are gone.
+const KEPT_FAILED: usize = 16;
+
+impl Record {
+    /// Keeps this group's record for the life of the process (see `Registry::failed`): called
+    /// when the group fails.
+    pub(crate) fn keep(&self) {
+        let mut failed = registry()
+            .failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !failed.iter().any(|r| Arc::ptr_eq(r, &self.ring)) {
+            if failed.len() == KEPT_FAILED {
+                failed.remove(0);
+            }
+            failed.push(Arc::clone(&self.ring));
+        }
+    }
 }
 
 /// Writes the process's record to the record directory, if one is set: after a failure.
@@ -695,6 +725,7 @@ pub(crate) fn dump_on_failure() {
 /// job that returned without an error, wrong numbers included (a mismatch on MLX's wire, which
 /// cannot see it), are then in the merged records beside the ones that failed.
 fn dump_at_exit() {
+    EXITING.store(true, Ordering::Relaxed);
     if let Some(dir) = &settings().dir
         && registry().written.load(Ordering::Relaxed) != stamp()
     {
@@ -702,8 +733,20 @@ fn dump_at_exit() {
     }
 }
 
-/// Writes the process's record to `dir`, as `rank-<R>.jsonl`.
+/// Set as the process exits: from then on only the exit's dump is written, so that an answer
+/// to a request, made from older text, cannot be renamed over it.
+static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes the process's record to `dir`, as `rank-<R>.jsonl`, one dump at a time (the
+/// recorder's thread answering a request, a failing operation and the exit may dump at once;
+/// each reads the text and renames it into place before the next begins). Once the process
+/// exits, only the exit's dump is written.
 fn dump_to(dir: &Path, reason: &str, request: Option<u64>) -> std::io::Result<PathBuf> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    if reason != "exit" && EXITING.load(Ordering::Relaxed) {
+        return Err(std::io::Error::other("the process is exiting"));
+    }
     let path = dir.join(format!("{}.jsonl", file_stem()));
     // Before the text is read: an operation that begins meanwhile makes the stamp stale.
     let stamp = stamp();

@@ -140,6 +140,31 @@ fn a_waiting_operation_says_whom_it_waits_for_and_a_failed_one_its_error() {
 }
 
 #[test]
+fn a_failed_groups_record_outlives_the_group_so_the_exit_dump_still_shows_the_failure() {
+    let call = Call::new("all_sum", 64);
+    // A group that fails and is dropped: its failure stays in every later dump.
+    let mut failed = Record::new(0, 17, 4, None).expect("a record");
+    failed.begin(&call, 0, [1].into_iter(), Duration::from_secs(1));
+    failed.end(
+        Some(&"rank 1 closed the connection"),
+        Duration::from_secs(2),
+    );
+    failed.keep();
+    failed.keep();
+    drop(failed);
+    let lines = lines_of(17);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["error"], "rank 1 closed the connection");
+    // A group that ends without failing is gone from the dumps with it.
+    let mut fine = Record::new(0, 18, 4, None).expect("a record");
+    fine.begin(&call, 0, [1].into_iter(), Duration::from_secs(1));
+    fine.end(None, Duration::from_secs(2));
+    assert_eq!(lines_of(18).len(), 1);
+    drop(fine);
+    assert_eq!(lines_of(18).len(), 0);
+}
+
+#[test]
 fn a_reader_never_sees_a_slot_half_written() {
     let mut record = Record::new(0, 14, 4, None).expect("a record");
     let ring = record.ring.clone();
@@ -283,4 +308,27 @@ fn what_an_operation_costs_the_recorder() {
             per_op[6]
         );
     }
+}
+
+#[test]
+fn a_record_that_cannot_be_renamed_into_place_leaves_no_temporary_file() {
+    let dir = std::env::temp_dir().join(format!("nuvec-record-tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // The record's path is a directory that is not empty: every rename onto it fails.
+    let path = dir.join("rank-0.jsonl");
+    std::fs::create_dir_all(path.join("in-the-way")).expect("a directory");
+    for _ in 0..3 {
+        assert!(write_atomically(&path, "{}\n").is_err());
+    }
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .expect("the directory")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(left, ["rank-0.jsonl"]);
+    std::fs::remove_dir_all(&dir).expect("removed");
 }
