@@ -21,6 +21,7 @@ at a time until it is stopped.
 
 import mmap
 import resource
+import select
 import socket
 import struct
 import sys
@@ -57,8 +58,13 @@ class Completions:
         self.copied = 0
 
     def reap(self, block):
-        """Reads what the error queue holds (at least one notice if `block`)."""
-        flags = MSG_ERRQUEUE | (0 if block else socket.MSG_DONTWAIT)
+        """Reads what the error queue holds; with `block`, first waits (parked, at most a
+        second) until it holds something: reading an empty error queue never blocks."""
+        if block:
+            poll = select.poll()
+            poll.register(self.sock, select.POLLERR)
+            poll.poll(1000)
+        flags = MSG_ERRQUEUE | socket.MSG_DONTWAIT
         while True:
             try:
                 _, ancillary, _, _ = self.sock.recvmsg(0, 4096, flags)
@@ -71,8 +77,6 @@ class Completions:
                     self.done += last - first + 1
                     if code & SO_EE_CODE_ZEROCOPY_COPIED:
                         self.copied += last - first + 1
-            if block:
-                return
 
 
 def send(host, port, mode, mib, kib):
@@ -105,7 +109,7 @@ def send(host, port, mode, mib, kib):
     took = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    line = f"{mode}, sends of {kib} KiB: {mib * 8 / 1024 / took:.2f} Gbit/s, "
+    line = f"{mode}, sends of {kib} KiB: {mib * 1048576 * 8 / 1e9 / took:.2f} Gbit/s, "
     line += f"sender CPU {cpu / took * 100:.0f} % of a core, {sends} sends"
     if zc:
         line += f", copied by the kernel {completions.copied} of {completions.done}"
