@@ -139,8 +139,10 @@ print("" if "error" in r else r["end"]["sum_received"]["bits_per_second"])' "$OU
   [ -n "$LINK" ] && break
   sleep 0.1 # the server is not listening yet
 done
+# The server (-1) ends after one client: where none got through, it is stopped instead.
+[ -n "$LINK" ] || kill "$SERVER" 2>/dev/null || true
 wait "$SERVER" 2>/dev/null || true
-[ -n "$LINK" ] || { echo "iperf3 failed" >&2; exit 1; }
+[ -n "$LINK" ] || { echo "iperf3 failed (see $OUT/iperf3.json and $OUT/iperf3-server.log)" >&2; exit 1; }
 echo "   link: $(python3 -c "print(f'{$LINK / 1e9:.3f}')") Gbit/s" >&2
 
 # launch NAME N REP CMD...: a job of N hosts under nuvec-launch --hosts (or mlx.launch --hosts

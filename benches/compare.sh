@@ -64,13 +64,13 @@ mkdir -p "$OUT"
 rm -f "$OUT"/*.log
 
 echo "== building (release)" >&2
-BENCH="$(cargo bench --ignore-rust-version --bench allreduce --no-run --message-format=json 2>/dev/null \
+BENCH="$(cargo bench --ignore-rust-version --bench allreduce --no-run --message-format=json 2>"$OUT/build.log" \
   | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "allreduce" and m.get("executable"):
-        print(m["executable"])')"
-[ -x "$BENCH" ] || { echo "could not build benches/allreduce/" >&2; exit 1; }
+        print(m["executable"])')" || BENCH=""
+[ -x "$BENCH" ] || { tail -30 "$OUT/build.log" >&2; echo "could not build benches/allreduce/ (cargo's messages: $OUT/build.log)" >&2; exit 1; }
 (cd benches/upstream && cargo build --release --ignore-rust-version --features local \
   --target-dir "$ROOT/target/upstream-bench" >&2)
 UPSTREAM="$ROOT/target/upstream-bench/release/nuvec-upstream-bench"
