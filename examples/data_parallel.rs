@@ -87,8 +87,13 @@ fn main() -> Result<()> {
         simulate: false,
     };
     let mut tensor_parallel = 1usize;
+    // The flags the grid (`--tensor-parallel`) has no use for: it trains a fixed model.
+    let mut grid_ignores: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
+        if !matches!(arg.as_str(), "-n" | "--ranks" | "--tensor-parallel") {
+            grid_ignores.push(arg.clone());
+        }
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
         match arg.as_str() {
             "-n" | "--ranks" => config.ranks = value()?.parse()?,
@@ -111,6 +116,15 @@ fn main() -> Result<()> {
     }
     if config.resume && config.checkpoint.is_none() {
         return Err("--resume needs --checkpoint PATH".into());
+    }
+    if tensor_parallel != 1 && !grid_ignores.is_empty() {
+        return Err(format!(
+            "--tensor-parallel trains its own grid ({} steps of a fixed model, over processes) \
+             and takes none of {}",
+            grid::STEPS,
+            grid_ignores.join(" ")
+        )
+        .into());
     }
     if config.simulate {
         return simulate(&config);
@@ -453,7 +467,7 @@ mod grid {
 
     const FEATURES: usize = 8;
     const SAMPLES_PER_RANK: usize = 256;
-    const STEPS: usize = 60;
+    pub(super) const STEPS: usize = 60;
     const LEARNING_RATE: f32 = 0.1;
 
     /// This rank's shard: inputs x and targets y = x·w_true + b_true + noise.
