@@ -245,6 +245,7 @@ impl<F: Fabric, S> State<F, S> {
         Ok(())
     }
 }
+
 /// What every communicator of this crate shares: its rank, the deadline of its operations, its
 /// log and its guarded [`State`], with the lifecycle every communicator offers (failure,
 /// diagnosis, health, close) and the one way operations run ([`Core::operate`]).
@@ -261,12 +262,12 @@ pub(crate) struct Core<F, S> {
 }
 
 impl<F: Fabric, S> Core<F, S> {
-    /// The core of `rank` over `fabric`, with `scratch` for its algorithms.
     /// This rank.
     pub(crate) fn rank(&self) -> usize {
         self.rank
     }
 
+    /// The core of `rank` over `fabric`, with `scratch` for its algorithms.
     pub(crate) fn new(rank: usize, fabric: F, scratch: S, timeout: Duration) -> Self {
         let state = State::new(rank, fabric, scratch);
         let core = Self {
