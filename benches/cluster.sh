@@ -54,7 +54,7 @@ LAUNCHER="${LAUNCHER:-nuvec}"
 PYTHON="$ROOT/.venv/bin/python"
 OUT="$ROOT/target/cluster-bench"
 mkdir -p "$OUT"
-rm -f "$OUT"/*.log
+rm -f "$OUT"/*.log "$OUT"/*.log.failed
 command -v iperf3 >/dev/null || { echo "needs iperf3 (apt-get install iperf3)" >&2; exit 2; }
 
 if [ -n "${CROSSOVER:-}" ]; then
@@ -165,10 +165,14 @@ launch() {
   local e
   for e in ${JOB_ENV:-}; do cmd+=(--env "$e"); done
   echo "== $name, $n hosts (run $rep, $LAUNCHER launcher)" >&2
-  if ! timeout 900 "$ON" 0 "${cmd[@]}" -- "$@" >"$log" 2>&1 </dev/null; then
-    echo "   failed (see $log)" >&2
-  fi
+  local ok=1
+  timeout 900 "$ON" 0 "${cmd[@]}" -- "$@" >"$log" 2>&1 </dev/null || ok=0
   grep -E "ROW|COPY|^\[rank 0\] +[0-9]" "$log" >&2 || true
+  if [ "$ok" = 0 ]; then
+    # Left out of the tables (its rows may be of a job cut short), and listed under them.
+    mv "$log" "$log.failed"
+    echo "   failed (see $log.failed; left out of the table)" >&2
+  fi
 }
 
 # wanted COLUMN: whether COLUMN is one of IMPLS (default: every column).
@@ -381,6 +385,9 @@ if copy_cols:
 
             row = f"| {n} | {label(b)} | " + " | ".join(cells) + f" | {wire:.1f} | {bound(False)} |"
             lines.append(row + (f" {bound(True)} |" if kept_cols else ""))
+failed = sorted(os.path.basename(p)[:-len(".log.failed")] for p in glob.glob(os.path.join(out, "*.log.failed")))
+if failed:
+    lines += ["", "Jobs that failed, left out of the table: " + ", ".join(failed) + "."]
 text = "\n".join(lines)
 print()
 print(text)
