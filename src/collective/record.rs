@@ -320,11 +320,24 @@ fn settings() -> &'static Settings {
         Settings {
             capacity: env.record().ok().flatten().unwrap_or(env::DEFAULT_RECORD),
             dir: env.record_dir().ok().flatten(),
-            rank: env
-                .raw(env::MLX_RANK)
-                .and_then(|r| r.to_str().and_then(|r| r.trim().parse().ok())),
+            rank: launch_rank(&env),
         }
     })
+}
+
+/// The rank as the launch gives it, for the record's file name: on a JACCL launch by JACCL's
+/// rule (`JACCL_RANK` first, then `MLX_RANK`), else `MLX_RANK`; `None` if unset or not a
+/// number.
+fn launch_rank(env: &Env<'_>) -> Option<usize> {
+    let names: &[&str] = if env.jaccl_launch() {
+        &["JACCL_RANK", env::MLX_RANK]
+    } else {
+        &[env::MLX_RANK]
+    };
+    names
+        .iter()
+        .find_map(|name| env.raw(name))
+        .and_then(|r| r.to_str().and_then(|r| r.trim().parse().ok()))
 }
 
 /// How many operations a group keeps (`NUVEC_DISTRIBUTED_RECORD`; 0: none).

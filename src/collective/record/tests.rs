@@ -332,3 +332,27 @@ fn a_record_that_cannot_be_renamed_into_place_leaves_no_temporary_file() {
     assert_eq!(left, ["rank-0.jsonl"]);
     std::fs::remove_dir_all(&dir).expect("removed");
 }
+
+#[test]
+fn a_records_rank_is_the_launchs_jaccl_rank_first_on_a_jaccl_launch_else_mlx_rank() {
+    let rank = |vars: &[(&str, &str)]| {
+        let vars: Vec<(String, std::ffi::OsString)> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).into()))
+            .collect();
+        let lookup = move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        launch_rank(&Env::from_fn(&lookup))
+    };
+    let jaccl = [
+        ("MLX_IBV_DEVICES", "d.json"),
+        ("JACCL_RANK", "3"),
+        ("MLX_RANK", "1"),
+    ];
+    assert_eq!(rank(&jaccl), Some(3));
+    assert_eq!(
+        rank(&[("JACCL_IBV_DEVICES", "d.json"), ("JACCL_RANK", "2")]),
+        Some(2)
+    );
+    assert_eq!(rank(&[("JACCL_RANK", "3"), ("MLX_RANK", "1")]), Some(1));
+    assert_eq!(rank(&[("MLX_RANK", "x")]), None);
+}
