@@ -499,7 +499,7 @@ pub(crate) fn init_from(env: &Env<'_>, strict: bool, backend: Backend) -> Result
         // The key authenticates the ring's connections; JACCL's (its side channel, its TCP
         // cables, its queue pairs) have no handshake to carry it. A job that set one expects
         // authentication: refused rather than run without it.
-        if env.jaccl_launch() && env.key()?.is_some() {
+        if env.jaccl_launch() && env.raw(crate::config::env::KEY).is_some() {
             return Err(crate::config::env::bad_value(
                 crate::config::env::KEY,
                 "(set; not shown)",
@@ -722,6 +722,19 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("sixteen"), "the secret shown: {text}");
+        // A key too short for the ring is refused for JACCL all the same, not as too short.
+        let short = |name: &str| match name {
+            "NUVEC_DISTRIBUTED_KEY" => Some(OsString::from("abc")),
+            other => lookup(other),
+        };
+        let text = init_from(&Env::from_fn(&short), true, Backend::Jaccl)
+            .map(|_| ())
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            text.contains("JACCL") && !text.contains("too short"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -137,21 +137,24 @@ fn stuck_rank() {
     let _ = distributed::all_sum(&x, Some(&group)).eval();
 }
 
-/// A launched rank that completes 60 all_sums 50 ms apart (3 s and more) and prints
-/// `LOOPED`; then rank 1 is stuck in its own code (a sleep of at most 60 s) while the others
-/// wait for it in their next all_sum.
+/// A launched rank that twice completes 60 all_sums 50 ms apart (3 s and more) and prints
+/// `LOOPED 0` and `LOOPED 1`; after the first, rank 1 pauses in its own code for 8 s (as a
+/// checkpoint would) and the others wait for it; after the second it is stuck (a sleep of at
+/// most 60 s) while the others wait for it in their next all_sum.
 fn busy_then_stuck_rank() {
     let group = nuvec_distributed::init(true).expect("the group");
     let x = ops::full([4usize], 1.0f32);
-    for _ in 0..60 {
-        distributed::all_sum(&x, Some(&group))
-            .eval()
-            .expect("an all_sum");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    println!("LOOPED");
-    if group.rank() == 1 {
-        std::thread::sleep(Duration::from_secs(60));
+    for (round, pause) in [(0, 8), (1, 60)] {
+        for _ in 0..60 {
+            distributed::all_sum(&x, Some(&group))
+                .eval()
+                .expect("an all_sum");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!("LOOPED {round}");
+        if group.rank() == 1 {
+            std::thread::sleep(Duration::from_secs(pause));
+        }
     }
     let _ = distributed::all_sum(&x, Some(&group)).eval();
 }
@@ -1226,8 +1229,8 @@ fn the_first_ctrl_c_across_hosts_prints_where_every_rank_is_and_the_second_stops
 /// `--hang-report` across hosts, the launcher on a host of no rank (host 0 launching ranks on
 /// hosts 1 and 2): the ranks' progress files are on their own hosts, so the launcher fetches
 /// them before it calls a job stalled. While the ranks complete all_sums for 3 s (three
-/// times the report's 1 s) nothing is reported; once rank 1 is stuck in its own code, the
-/// report comes and names it.
+/// times the report's 1 s) nothing is reported; rank 1's 8 s pause is reported, and so, once
+/// the ranks have moved on, is its hang after the second round.
 #[test]
 fn hang_reports_across_hosts_come_only_when_the_remote_ranks_stop_completing_operations() {
     let _one = exclusive();
@@ -1256,22 +1259,37 @@ fn hang_reports_across_hosts_come_only_when_the_remote_ranks_stop_completing_ope
     let child = spawn_logged(&mut launcher(&c, launcher::nuvec_launch(), &args), &log);
     let pid = child.id().to_string();
     let logs = [log.clone()];
-    wait_for_line(&logs, "- rank 1 is at all_sum #", Duration::from_secs(60));
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    const REPORT: &str = "no rank completed an operation for 1 s";
+    // Two reports, each followed by its table (its last line names rank 1).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tables = text
+            .lines()
+            .filter(|l| l.starts_with("- rank 1 is at all_sum #"))
+            .count();
+        if tables >= 2 || Instant::now() >= deadline {
+            break text;
+        }
+        // Polling the launcher's log, bounded by the deadline.
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let lines: Vec<&str> = text.lines().collect();
-    let report = lines
-        .iter()
-        .position(|l| l.contains("no rank completed an operation for 1 s"))
-        .unwrap_or_else(|| panic!("no hang report\n{text}"));
-    for r in 0..2 {
-        let looped = lines
-            .iter()
-            .position(|l| l.starts_with(&format!("[rank {r}] LOOPED")))
-            .unwrap_or_else(|| panic!("rank {r} did not loop\n{text}"));
-        assert!(
-            looped < report,
-            "reported while rank {r} still completed all_sums\n{text}"
-        );
+    let reports: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].contains(REPORT))
+        .collect();
+    assert_eq!(reports.len(), 2, "two reports\n{text}");
+    for (round, &report) in reports.iter().enumerate() {
+        for r in 0..2 {
+            let looped = lines
+                .iter()
+                .position(|l| l.starts_with(&format!("[rank {r}] LOOPED {round}")))
+                .unwrap_or_else(|| panic!("rank {r} did not loop {round}\n{text}"));
+            assert!(
+                looped < report,
+                "reported while rank {r} completed round {round}'s all_sums\n{text}"
+            );
+        }
     }
     // Two signals sent at once may reach the launcher as one: the second follows the first's
     // report.

@@ -290,9 +290,10 @@ fn clear_previous_job(dir: &Path) -> Result<(), String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries.filter_map(Result::ok) {
         let name = entry.file_name().to_string_lossy().into_owned();
+        // `rank-R.*`, and `rank-pid-N.*` of ranks started without a rank variable.
         let ours = name == "request"
             || name == "request.tmp"
-            || (records::rank_of(&name).is_some()
+            || ((records::rank_of(&name).is_some() || name.starts_with("rank-pid-"))
                 && [".jsonl", ".jsonl.part", ".progress", ".progress.part"]
                     .iter()
                     .any(|end| name.ends_with(end)));
@@ -323,6 +324,7 @@ mod tests {
             "rank-0.jsonl",
             "rank-12.progress",
             "rank-3.jsonl.part",
+            "rank-pid-4242.jsonl",
         ];
         let others = ["notes.txt", "rank-summary.jsonl"];
         for name in earlier.iter().chain(&others) {

@@ -940,6 +940,10 @@ impl Job {
         };
         let mut last_progress = (Vec::new(), Instant::now());
         let mut stall_reported = false;
+        // When remote ranks' progress was last fetched, and whether it was said that no
+        // rank's progress could be read.
+        let mut last_fetch = Instant::now();
+        let mut unreadable_said = false;
         loop {
             if check {
                 check = false;
@@ -992,10 +996,11 @@ impl Job {
                         now
                     };
                     let mut now = view(dir);
-                    let due = !stall_reported && !stopping && last_progress.1.elapsed() >= limit;
-                    if due && now == last_progress.0 {
-                        // Remote ranks write their progress on their own hosts: fetched only
-                        // when the local view says no rank moved, so at most once a period.
+                    let waited = !stopping && last_progress.1.elapsed() >= limit;
+                    if waited && now == last_progress.0 && last_fetch.elapsed() >= limit {
+                        // Remote ranks write their progress on their own hosts: fetched when
+                        // the local view says no rank moved for the whole period, at most once
+                        // a period, a report or not (a job that moves again must be seen to).
                         let remote: Vec<(usize, String)> = self
                             .ranks
                             .iter()
@@ -1004,23 +1009,29 @@ impl Job {
                             .collect();
                         if !remote.is_empty() {
                             dir.fetch_progress(&remote);
+                            last_fetch = Instant::now();
                             now = view(dir);
                         }
                     }
                     if now != last_progress.0 {
                         last_progress = (now, Instant::now());
                         stall_reported = false;
-                    } else if due && now.is_empty() {
-                        // No rank writes progress (ranks of Python MLX, or programs without
-                        // nuvec-distributed): a hang cannot be told from a long computation.
+                    } else if waited && !stall_reported && now.is_empty() {
+                        // No rank's progress yet (ranks of Python MLX and programs without
+                        // nuvec-distributed write none; a rank may not have started it yet): a
+                        // hang cannot be told from a long computation until one does.
                         stall_reported = true;
-                        warn(&format!(
-                            "--hang-report: no rank's progress could be read in {:.0} s (ranks of \
-                             Python MLX or of programs without nuvec-distributed write none), \
-                             so hangs are not reported; Ctrl-C asks for the records",
-                            limit.as_secs_f64()
-                        ));
-                    } else if due {
+                        if !unreadable_said {
+                            unreadable_said = true;
+                            warn(&format!(
+                                "--hang-report: no rank's progress could be read in {:.0} s \
+                                 (ranks of Python MLX or of programs without nuvec-distributed \
+                                 write none): hangs are reported once a rank's can be read; \
+                                 Ctrl-C asks for the records",
+                                limit.as_secs_f64()
+                            ));
+                        }
+                    } else if waited && !stall_reported {
                         stall_reported = true;
                         self.hang_report(&format!(
                             "no rank completed an operation for {:.0} s",

@@ -746,18 +746,20 @@ fn dump_at_exit() {
     }
 }
 
-/// Set as the process exits: from then on only the exit's dump is written, so that an answer
-/// to a request, made from older text, cannot be renamed over it.
+/// Set as the process exits: from then on no request is answered, so that an answer cannot be
+/// written over the exit's dump. (A failure's dump still is: an operation that fails while
+/// the process exits has news the exit's dump may lack, and the dumps read their text one at
+/// a time, so a later dump is never older.)
 static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Writes the process's record to `dir`, as `rank-<R>.jsonl`, one dump at a time (the
 /// recorder's thread answering a request, a failing operation and the exit may dump at once;
 /// each reads the text and renames it into place before the next begins). Once the process
-/// exits, only the exit's dump is written.
+/// exits, requests are no longer answered.
 fn dump_to(dir: &Path, reason: &str, request: Option<u64>) -> std::io::Result<PathBuf> {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
-    if reason != "exit" && EXITING.load(Ordering::Relaxed) {
+    if reason == "request" && EXITING.load(Ordering::Relaxed) {
         return Err(std::io::Error::other("the process is exiting"));
     }
     let path = dir.join(format!("{}.jsonl", file_stem()));

@@ -7,7 +7,9 @@
 //! *operation timeout* ([`Options::timeout`], 10 minutes, or none) is only a backstop against
 //! a peer that is alive but never comes. The *warning interval* ([`Options::warn_after`],
 //! 30 s) says, while an operation waits, what it waits for. Connection setup keeps a deadline
-//! of its own ([`DEFAULT_SETUP_TIMEOUT`], or the operation timeout when one is set).
+//! of its own ([`DEFAULT_SETUP_TIMEOUT`], or the operation timeout when one is set; a
+//! sub-group's connections, made once every member runs, [`DEFAULT_SETUP_TIMEOUT`] or the
+//! operation timeout where it is shorter).
 
 use std::time::Duration;
 
