@@ -288,6 +288,59 @@ pub(crate) fn split_over<F>(
     })
 }
 
+/// Two parent ranks on threads of this process, both of color 0, whose exchange swaps their
+/// records (at most 20 s each): each has the splitter `splitter()` make its sub-fabric, within
+/// 20 s, and returns `read` of it, rank 0's first. For the splitters' tests.
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn split_two<F, S, T>(
+    splitter: impl Fn() -> S + Sync,
+    read: impl Fn(F) -> T + Sync,
+) -> Vec<T>
+where
+    S: Splitter<F>,
+    T: Send,
+{
+    use std::sync::mpsc;
+    let (to_one, from_zero) = mpsc::channel::<Vec<u8>>();
+    let (to_zero, from_one) = mpsc::channel::<Vec<u8>>();
+    let ends = [(to_one, from_one), (to_zero, from_zero)];
+    let (splitter, read) = (&splitter, &read);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ends
+            .into_iter()
+            .enumerate()
+            .map(|(rank, (tx, rx))| {
+                s.spawn(move || {
+                    let plan = Plan {
+                        color: 0,
+                        rank,
+                        members: vec![0, 1],
+                    };
+                    let mut exchange = |mine: &[u8]| -> Result<Vec<Vec<u8>>, Error> {
+                        tx.send(mine.to_vec()).expect("the other rank listens");
+                        let theirs = rx
+                            .recv_timeout(Duration::from_secs(20))
+                            .expect("the other rank's record");
+                        let mut all = vec![Vec::new(), Vec::new()];
+                        all[rank] = mine.to_vec();
+                        all[1 - rank] = theirs;
+                        Ok(all)
+                    };
+                    let sub = splitter()
+                        .sub_fabric(&plan, &mut exchange, Duration::from_secs(20))
+                        .expect("connect")
+                        .expect("a sub-group of two");
+                    read(sub.fabric)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
 /// The deadline of a sub-group's connections under a parent whose operation timeout is
 /// `timeout` (zero: none): [`DEFAULT_SETUP_TIMEOUT`], or `timeout` where it is shorter.
 ///

@@ -219,55 +219,21 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_sub_group_over_tcp_cables_gets_the_parents_link_timeout() {
-        use std::sync::mpsc;
         let limit = Duration::from_secs(4);
-        // Two job ranks on loopback, cabled as a mesh, both of color 0; the exchange swaps
-        // their listening addresses.
-        let (to_one, from_zero) = mpsc::channel::<Vec<u8>>();
-        let (to_zero, from_one) = mpsc::channel::<Vec<u8>>();
-        let ends = [(to_one, from_one), (to_zero, from_zero)];
-        let timeouts: Vec<Duration> = std::thread::scope(|s| {
-            let handles: Vec<_> = ends
-                .into_iter()
-                .enumerate()
-                .map(|(rank, (tx, rx))| {
-                    s.spawn(move || {
-                        let cables = TcpCables::new(
-                            Topology::Mesh { wires: 1 },
-                            2,
-                            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-                            Log::off(),
-                            Spin::Fixed(Duration::ZERO),
-                        )
-                        .with_links(limit, Some(Duration::from_secs(7)));
-                        let plan = Plan {
-                            color: 0,
-                            rank,
-                            members: vec![0, 1],
-                        };
-                        let mut exchange = |mine: &[u8]| -> Result<Vec<Vec<u8>>, Error> {
-                            tx.send(mine.to_vec()).expect("the other rank listens");
-                            let theirs = rx
-                                .recv_timeout(Duration::from_secs(20))
-                                .expect("the other rank's address");
-                            let mut all = vec![Vec::new(), Vec::new()];
-                            all[rank] = mine.to_vec();
-                            all[1 - rank] = theirs;
-                            Ok(all)
-                        };
-                        let sub = cables
-                            .sub_fabric(&plan, &mut exchange, Duration::from_secs(20))
-                            .expect("connect")
-                            .expect("a sub-group of two");
-                        sub.fabric.link_settings().0
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("rank thread"))
-                .collect()
-        });
+        // Two job ranks on loopback, cabled as a mesh, both of color 0.
+        let timeouts = crate::collective::split::split_two(
+            || {
+                TcpCables::new(
+                    Topology::Mesh { wires: 1 },
+                    2,
+                    IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+                    Log::off(),
+                    Spin::Fixed(Duration::ZERO),
+                )
+                .with_links(limit, Some(Duration::from_secs(7)))
+            },
+            |fabric: TcpFabric| fabric.link_settings().0,
+        );
         assert_eq!(timeouts, [limit, limit]);
     }
 

@@ -202,8 +202,6 @@ impl Splitter<TcpFabric> for TcpRing {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
-    use std::sync::mpsc;
-
     use super::*;
 
     #[test]
@@ -249,53 +247,21 @@ mod tests {
     #[test]
     fn a_sub_group_gets_the_parents_link_timeout_and_congestion_control() {
         let limit = Duration::from_secs(4);
-        // Two parent ranks on loopback, both of color 0; the exchange swaps their records.
-        let (to_one, from_zero) = mpsc::channel::<Vec<u8>>();
-        let (to_zero, from_one) = mpsc::channel::<Vec<u8>>();
-        let ends = [(to_one, from_one), (to_zero, from_zero)];
-        let settings: Vec<_> = std::thread::scope(|s| {
-            let handles: Vec<_> = ends
-                .into_iter()
-                .enumerate()
-                .map(|(rank, (tx, rx))| {
-                    s.spawn(move || {
-                        let ring = TcpRing::new(
-                            "127.0.0.1:1".to_owned(), // the host is what counts
-                            1,
-                            None,
-                            Log::off(),
-                            Spin::Fixed(Duration::ZERO),
-                            false,
-                        )
-                        .with_links(limit, Some("reno".to_owned()));
-                        let plan = Plan {
-                            color: 0,
-                            rank,
-                            members: vec![0, 1],
-                        };
-                        let mut exchange = |mine: &[u8]| -> Result<Vec<Vec<u8>>, Error> {
-                            tx.send(mine.to_vec()).expect("the other rank listens");
-                            let theirs = rx
-                                .recv_timeout(Duration::from_secs(20))
-                                .expect("the other rank's addresses");
-                            let mut all = vec![Vec::new(), Vec::new()];
-                            all[rank] = mine.to_vec();
-                            all[1 - rank] = theirs;
-                            Ok(all)
-                        };
-                        let sub = ring
-                            .sub_fabric(&plan, &mut exchange, Duration::from_secs(20))
-                            .expect("connect")
-                            .expect("a sub-group of two");
-                        sub.fabric.link_settings()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("rank thread"))
-                .collect()
-        });
+        // Two parent ranks on loopback, both of color 0.
+        let settings = crate::collective::split::split_two(
+            || {
+                TcpRing::new(
+                    "127.0.0.1:1".to_owned(), // the host is what counts
+                    1,
+                    None,
+                    Log::off(),
+                    Spin::Fixed(Duration::ZERO),
+                    false,
+                )
+                .with_links(limit, Some("reno".to_owned()))
+            },
+            |fabric: TcpFabric| fabric.link_settings(),
+        );
         for (rank, (timeout, names)) in settings.into_iter().enumerate() {
             assert_eq!(timeout, limit, "rank {rank}'s link timeout");
             assert!(
