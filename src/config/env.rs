@@ -15,7 +15,7 @@
 //! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | the TCP congestion control of the ring's connections, a name the kernel allows (`cubic`, `reno`, `bbr`…; Linux only; unset: the host's; see [`Options::tcp_congestion`](crate::Options::tcp_congestion)) |
 //! | `NUVEC_DISTRIBUTED_WIRE` | `auto` (the default), `mlx` or `nuvec` (any case): which wire the ring may speak (see [`WireChoice`](crate::WireChoice)) |
 //! | `NUVEC_DISTRIBUTED_RECORD` | how many operations each group's flight recorder keeps, 0 to 1 000 000 (default 256), `0`: none |
-//! | `NUVEC_DISTRIBUTED_RECORD_DIR` | a directory where a rank writes its flight record (on a failure, and when asked; see `collective::record`) |
+//! | `NUVEC_DISTRIBUTED_RECORD_DIR` | a directory where a rank writes its flight record (on a failure, and when asked; see `collective::record`), made if missing |
 //! | `JACCL_PROGRESS_TIMEOUT_S` / `MLX_JACCL_PROGRESS_TIMEOUT_S` | JACCL: the longest a wait may go without progress, non-negative seconds, 0 off (`JACCL_*` wins) |
 //!
 //! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the
@@ -298,6 +298,14 @@ impl<'a> Env<'a> {
         )?;
         let d = Duration::try_from_secs_f64(secs)
             .map_err(|_| bad_value(WARN_AFTER, &v, "is too large for an interval"))?;
+        if d.is_zero() && secs > 0.0 {
+            // Not 0 as written, so not "never": refused rather than read as it.
+            return Err(bad_value(
+                WARN_AFTER,
+                &v,
+                "is below one nanosecond (0: never warn)",
+            ));
+        }
         Ok(Some((!d.is_zero()).then_some(d)))
     }
 
@@ -367,12 +375,29 @@ impl<'a> Env<'a> {
     }
 
     /// The directory a rank writes its flight record to, from `NUVEC_DISTRIBUTED_RECORD_DIR`,
-    /// `None` if unset or empty.
+    /// `None` if unset or empty. The directory is made (with its parents) if it does not
+    /// exist, so that a failure's record is not lost to a directory nobody made: a path that
+    /// names something else, or that cannot be made, is refused with the reason.
     pub(crate) fn record_dir(&self) -> Result<Option<PathBuf>, ConfigError> {
-        Ok(self
+        let Some(dir) = self
             .raw(RECORD_DIR)
             .filter(|v| !v.is_empty())
-            .map(PathBuf::from))
+            .map(PathBuf::from)
+        else {
+            return Ok(None);
+        };
+        let shown = dir.display().to_string();
+        if dir.exists() && !dir.is_dir() {
+            return Err(bad_value(RECORD_DIR, &shown, "is not a directory"));
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            bad_value(
+                RECORD_DIR,
+                &shown,
+                &format!("cannot be made a directory: {e}"),
+            )
+        })?;
+        Ok(Some(dir))
     }
 
     /// Which wire the ring may speak, from `NUVEC_DISTRIBUTED_WIRE` (`auto`, `mlx` or `nuvec`,
@@ -643,6 +668,9 @@ mod tests {
         an_infinite_warning_interval_is_refused:
             warn_after, [("NUVEC_DISTRIBUTED_WARN_AFTER", "inf")]
                 => ["NUVEC_DISTRIBUTED_WARN_AFTER=\"inf\"", "finite"];
+        a_warning_interval_below_a_nanosecond_is_refused_rather_than_read_as_never:
+            warn_after, [("NUVEC_DISTRIBUTED_WARN_AFTER", "1e-10")]
+                => ["NUVEC_DISTRIBUTED_WARN_AFTER=\"1e-10\"", "below one nanosecond"];
         a_spin_that_is_not_whole_microseconds_is_refused:
             spin, [("NUVEC_DISTRIBUTED_SPIN_US", "2.5")]
                 => ["NUVEC_DISTRIBUTED_SPIN_US=\"2.5\"", "whole number of microseconds"];
@@ -906,6 +934,34 @@ mod tests {
                 "{v:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_records_directory_is_made_when_missing_and_a_file_in_its_place_is_refused() {
+        let base =
+            std::env::temp_dir().join(format!("nuvec-env-record-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let dir = base.join("not").join("yet");
+        let read = |path: &Path| {
+            let path = path.display().to_string();
+            let f = lookup(&[("NUVEC_DISTRIBUTED_RECORD_DIR", &path)]);
+            Env::from_fn(&f).record_dir()
+        };
+        assert_eq!(read(&dir).expect("made"), Some(dir.clone()));
+        assert!(dir.is_dir(), "the directory and its parents are made");
+        assert_eq!(read(&dir).expect("already there"), Some(dir.clone()));
+        let file = base.join("a-file");
+        std::fs::write(&file, b"").expect("a file");
+        let m = message(read(&file));
+        assert!(
+            m.contains("NUVEC_DISTRIBUTED_RECORD_DIR=") && m.contains("is not a directory"),
+            "{m}"
+        );
+        let m = message(read(&file.join("below")));
+        assert!(m.contains("cannot be made a directory"), "{m}");
+        let none = lookup(&[("NUVEC_DISTRIBUTED_RECORD_DIR", "")]);
+        assert_eq!(Env::from_fn(&none).record_dir().expect("empty"), None);
+        std::fs::remove_dir_all(&base).expect("cleaned up");
     }
 
     #[test]
