@@ -27,7 +27,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -2237,6 +2237,39 @@ fn the_doctor_says_when_a_hosts_address_sits_on_its_second_slower_interface() {
         row.contains("198.19.0.2") && row.contains("slow forward") && row.contains(&nics[1]),
         "{}",
         done.stdout
+    );
+}
+
+#[test]
+fn the_doctor_finds_a_ring_address_that_is_a_secondary_address_of_its_nic() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(2, "1gbit") else {
+        return;
+    };
+    // Host 1's ring address is a second address on its NIC, which Linux's `ifconfig` leaves
+    // out: the doctor must find it there (`ip -o addr show`), not call it on no interface.
+    let secondary = Ipv4Addr::new(198, 18, 0, 102);
+    c.add_address(1, secondary);
+    let hosts = serde_json::json!([
+        { "ssh": c.hosts[0].addr.to_string(), "ips": [c.hosts[0].addr.to_string()] },
+        { "ssh": c.hosts[1].addr.to_string(), "ips": [secondary.to_string()] },
+    ]);
+    // Held to the test's end: the directory goes with it.
+    let dir = procs::scratch("doctor-secondary");
+    let path = dir.join("hosts.json");
+    std::fs::write(&path, hosts.to_string()).expect("the host file");
+    let done = doctor(
+        &c,
+        &["--hostfile", &path.display().to_string(), "--no-measure"],
+    );
+    eprintln!(
+        "MEASURED doctor, a secondary ring address:\n{}",
+        done.stdout
+    );
+    assert!(
+        !done.stdout.contains("on none of this host's interfaces") && done.code == Some(0),
+        "{}",
+        done.describe()
     );
 }
 

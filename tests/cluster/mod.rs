@@ -239,6 +239,24 @@ fn shape_pair(ns: &str, outer: &str, inner: &str, rate: &str, verb: &str) -> Res
 }
 
 impl Cluster {
+    /// Gives host `i`'s NIC `addr` (a `/24`) beside its own, as `ip addr add` does: a
+    /// secondary address, which Linux's `ifconfig` does not show. Goes with the namespace.
+    pub fn add_address(&self, i: usize, addr: Ipv4Addr) {
+        let host = &self.hosts[i];
+        must(
+            "ip",
+            &[
+                "-n",
+                &host.ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                &host.inner,
+            ],
+        );
+    }
+
     fn build(n: usize, rate: &str) -> Result<Cluster, String> {
         assert!((1..=200).contains(&n), "1 to 200 hosts");
         let pid = std::process::id();

@@ -72,6 +72,10 @@ pub(crate) const IBV_DEVICES: &str = "ibv_devices";
 /// The command that prints a Linux host's TCP congestion control: `grep -s`, which is on every
 /// host's default path and says nothing where the file is missing (macOS: it fails quietly).
 pub(crate) const CONGESTION: &str = "grep -s . /proc/sys/net/ipv4/tcp_congestion_control";
+/// The command that lists a Linux host's addresses, one line each: `ip -o addr show`, which
+/// shows the secondary IPv4 addresses Linux's `ifconfig` leaves out (macOS has no `ip`: it
+/// fails, and `ifconfig` there shows every address).
+pub(crate) const IP_ADDRESSES: &str = "ip -o addr show";
 
 /// `networksetup -listallhardwareports`: hardware port name to device, e.g.
 /// `"Thunderbolt 1" -> "en2"`. A `Device:` line belongs to the `Hardware Port:` line before

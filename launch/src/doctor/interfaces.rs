@@ -1,4 +1,5 @@
-//! A host's network interfaces, from macOS's `ifconfig` (sans-IO).
+//! A host's network interfaces, from `ifconfig` (sans-IO), with the addresses of Linux's
+//! `ip -o addr show` added ([`add_ip_addresses`]).
 //!
 //! An interface starts at a line without leading whitespace (`en2: flags=8863<UP,...> mtu
 //! 1500`); its indented lines give its IPv4 addresses (`inet 192.168.0.1 netmask ...`), its
@@ -70,6 +71,45 @@ pub(crate) fn interfaces(text: &str) -> Vec<Interface> {
     all
 }
 
+/// Adds to `all` the addresses of `ip -o addr show`'s output that `ifconfig` did not show:
+/// Linux's `ifconfig` shows one IPv4 address an interface (a second one only where it has a
+/// label of its own, as a separate `eth0:1`), so a ring address added beside another
+/// (`ip addr add`) would seem to be on none of the host's interfaces. A line reads `2: eth0
+/// inet 198.18.0.1/24 brd ... scope global eth0\ ...`; an interface that `ifconfig` did not
+/// list is added as up, its state unknown.
+pub(crate) fn add_ip_addresses(all: &mut Vec<Interface>, text: &str) {
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(_index), Some(name), Some(family), Some(address)) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        // `veth0@if5` names a veth's peer after the `@`.
+        let name = name.split_once('@').map_or(name, |(n, _)| n);
+        let address = address.split_once('/').map_or(address, |(a, _)| a);
+        let at = match all.iter().position(|i| i.name == name) {
+            Some(at) => at,
+            None => {
+                all.push(Interface {
+                    name: name.to_owned(),
+                    up: true,
+                    ..Interface::default()
+                });
+                all.len() - 1
+            }
+        };
+        let list = match family {
+            "inet" => &mut all[at].inet,
+            "inet6" => &mut all[at].inet6,
+            _ => continue,
+        };
+        if !list.iter().any(|a| a == address) {
+            list.push(address.to_owned());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +137,41 @@ mod tests {
         assert!(all[1].up && !all[2].up && all[3].up);
         assert_eq!(all[2].status.as_deref(), Some("inactive"));
         assert_eq!(all[3].members, ["en2", "en3"]);
+    }
+
+    #[test]
+    fn a_secondary_address_linux_ifconfig_leaves_out_is_added_from_ip_addr() {
+        let ifconfig = "eth0: flags=4163<UP,BROADCAST,RUNNING,MULTICAST>  mtu 1500\n\
+            \tinet 198.18.0.1  netmask 255.255.255.0  broadcast 198.18.0.255\n\
+            \tinet6 fe80::1  prefixlen 64  scopeid 0x20<link>\n";
+        let ip = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever\n\
+            2: eth0    inet 198.18.0.1/24 brd 198.18.0.255 scope global eth0\\       valid_lft forever\n\
+            2: eth0    inet 198.18.1.1/24 scope global secondary eth0\\       valid_lft forever\n\
+            2: eth0    inet6 fe80::1/64 scope link \\       valid_lft forever preferred_lft forever\n\
+            3: veth1@if7    inet 198.18.2.1/24 scope global veth1\\       valid_lft forever\n";
+        let mut all = interfaces(ifconfig);
+        add_ip_addresses(&mut all, ip);
+        assert_eq!(all[0].name, "eth0");
+        assert_eq!(
+            all[0].inet,
+            ["198.18.0.1", "198.18.1.1"],
+            "no address twice"
+        );
+        assert_eq!(all[0].inet6, ["fe80::1"]);
+        let lo = all.iter().find(|i| i.name == "lo").expect("lo added");
+        assert_eq!(lo.inet, ["127.0.0.1"]);
+        let veth = all
+            .iter()
+            .find(|i| i.name == "veth1")
+            .expect("named without its peer");
+        assert_eq!(veth.inet, ["198.18.2.1"]);
+        assert!(veth.up);
+        let mut unchanged = interfaces(ifconfig);
+        add_ip_addresses(&mut unchanged, "");
+        assert_eq!(
+            unchanged,
+            interfaces(ifconfig),
+            "no output (macOS) adds nothing"
+        );
     }
 }

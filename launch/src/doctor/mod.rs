@@ -5,10 +5,11 @@
 //! nuvec-launch doctor --hosts 192.168.0.1,192.168.0.2  # a ring over these addresses
 //! ```
 //!
-//! On every rank's host it runs `ifconfig`, `networksetup -listallhardwareports`, for
+//! On every rank's host it runs `ifconfig` (and `ip -o addr show`, for the secondary IPv4
+//! addresses Linux's `ifconfig` does not show), `networksetup -listallhardwareports`, for
 //! JACCL `ibv_devices` and for the ring a read of `/proc/sys/net/ipv4/tcp_congestion_control`
 //! (over ssh; directly on `127.0.0.1`/`localhost`; or from saved files
-//! with `--replay DIR`, as `nuvec-launch config --replay` reads them, plus `ifconfig.txt`), and
+//! with `--replay DIR`, as `nuvec-launch config --replay` reads them, plus `ifconfig.txt` and `ip-addr.txt`), and
 //! checks each rank's host file entry against them ([`checks`]): which interface each address
 //! of the job is on, an address on Wi-Fi while Thunderbolt has addresses, an address on the
 //! Thunderbolt Bridge or on no interface, the bridge up over an interface the job uses, an
@@ -93,7 +94,7 @@ use clap::Parser;
 use self::measure::Budget;
 use crate::args::Args;
 use crate::config::discover::{
-    CONGESTION, HARDWARE_PORTS, IBV_DEVICES, hardware_ports, rdma_devices,
+    CONGESTION, HARDWARE_PORTS, IBV_DEVICES, IP_ADDRESSES, hardware_ports, rdma_devices,
 };
 use crate::config::ssh::{COMMAND_TIMEOUT, Output, Replay, Runner, Ssh, bounded};
 use crate::hosts::{HostList, hosts_of};
@@ -637,8 +638,16 @@ fn state_of(
         .filter(|out| out.success)
         .map(|out| out.stdout.trim().to_owned())
         .filter(|name| !name.is_empty());
+    let mut interfaces = interfaces::interfaces(&ifconfig.stdout);
+    // Linux's `ifconfig` leaves out secondary IPv4 addresses; `ip` shows them (it fails
+    // quietly on macOS, whose `ifconfig` shows every address).
+    let words: Vec<&str> = IP_ADDRESSES.split(' ').collect();
+    let ip = run_on(host, &words, runner, replay);
+    if ip.success {
+        interfaces::add_ip_addresses(&mut interfaces, &ip.stdout);
+    }
     Ok(checks::HostState {
-        interfaces: interfaces::interfaces(&ifconfig.stdout),
+        interfaces,
         ports,
         rdma,
         congestion,
