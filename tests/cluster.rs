@@ -1162,6 +1162,66 @@ fn a_cable_pulled_under_nuvec_launch_is_named_by_the_merged_records() {
 /// fetched over ssh, and prints where each rank is, rank 2 named as the one that has not
 /// joined; the second stops the job (exit 130) on every host.
 #[test]
+fn a_remote_rank_that_ignores_sigterm_and_sighup_is_killed_on_its_host_after_the_grace() {
+    let _one = exclusive();
+    let Some(c) = cluster::make(2, "1gbit") else {
+        return;
+    };
+    // Both ranks over ssh (198.18.0.1 is not this machine's loopback, so host 0's rank is
+    // remote too). Rank 0 ignores SIGTERM and SIGHUP (its children inherit that) and runs
+    // until killed; rank 1 fails once rank 0 is running (the PID file line comes before it).
+    let dir = procs::scratch("stubborn");
+    let ready = dir.join("ready");
+    let token = format!("nuvec-stubborn-{}", unix_ms());
+    let script = format!(
+        "trap '' TERM HUP; : {token}; if [ \"$MLX_RANK\" = 1 ]; then \
+         while [ ! -e {ready} ]; do sleep 0.05; done; exit 7; fi; \
+         touch {ready}; while :; do sleep 0.2; done",
+        ready = ready.display()
+    );
+    let args = strings(&[
+        "--hosts",
+        "198.18.0.1,198.18.0.2",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let started = Instant::now();
+    let done = run(
+        &mut launcher(&c, launcher::nuvec_launch(), &args),
+        Duration::from_secs(60),
+    );
+    let ended = started.elapsed();
+    assert_eq!(done.code, Some(7), "{}", done.describe());
+    let alive = || {
+        Command::new("pgrep")
+            .args(["-f", &token])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    // Polled: the kill comes on the rank's host, 5 s after its SIGTERM.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let survived = alive();
+    if survived {
+        let _ = Command::new("pkill").args(["-9", "-f", &token]).status();
+    }
+    eprintln!(
+        "MEASURED the launcher exited {:.1} s after the start; the stubborn rank was gone {:.1} s after that",
+        ended.as_secs_f64(),
+        started.elapsed().as_secs_f64() - ended.as_secs_f64()
+    );
+    assert!(
+        !survived,
+        "rank 0 outlived its job by 20 s:\n{}",
+        done.describe()
+    );
+}
+
+#[test]
 fn the_first_ctrl_c_across_hosts_prints_where_every_rank_is_and_the_second_stops_the_job() {
     let _one = exclusive();
     let Some(c) = cluster::make(3, "1gbit") else {

@@ -64,7 +64,8 @@ Ranks whose host is 127.0.0.1 or localhost are started directly, the others with
 `ssh -tt HOST SCRIPT` as mlx.launch does. Each line a rank prints is prefixed with
 \"[rank R] \"; standard input is sent to every rank. When a rank fails the others are
 stopped (SIGTERM, then SIGKILL after 5 s; a remote rank gets SIGTERM through its PID file,
-as mlx.launch sends it, and SIGHUP as its ssh session ends), nuvec-launch names the first
+as mlx.launch sends it, SIGHUP as its ssh session ends, and SIGKILL on its host 5 s after
+the SIGTERM if it is still running), nuvec-launch names the first
 rank to fail (by time) with its last lines and the ranks' flight records, and exits with its
 status (128+N for signal N); 0 when every rank succeeds. The first Ctrl-C prints where every rank is (its
 flight record); the second stops the job. Usage errors exit with 2.

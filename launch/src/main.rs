@@ -1136,7 +1136,8 @@ impl Job {
 }
 
 /// Stops a running rank: SIGTERM to its process and its descendants; for a remote rank also
-/// `mlx.launch`'s kill script through ssh, when its PID file is known (returned).
+/// the kill script through ssh (`mlx.launch`'s SIGTERM, then SIGKILL after [`GRACE`] on the
+/// rank's host), when its PID file is known (returned).
 fn stop(r: &mut Rank, verbose: bool) -> Option<Child> {
     r.stopped = true;
     let child = r.child.as_mut()?;
@@ -1149,7 +1150,7 @@ fn stop(r: &mut Rank, verbose: bool) -> Option<Child> {
         return None;
     }
     let pidfile = r.pidfile.clone()?;
-    let argv = script::kill_command(&r.plan.host, &pidfile);
+    let argv = script::kill_command(&r.plan.host, &pidfile, GRACE);
     info(
         verbose,
         &format!(

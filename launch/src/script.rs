@@ -7,7 +7,10 @@
 //! One difference from `mlx.launch`: ssh runs with `LogLevel=ERROR` rather than `QUIET`, so
 //! that its own errors are seen ([`ssh_command`]). Two safety fixes over `mlx.launch`: the PID file is only taken from a line that is a plain
 //! `mktemp` path ([`pidfile_path`]: a login banner printed before it is output, never a path
-//! to remove), and the kill script quotes the path.
+//! to remove), and the kill script quotes the path. And one addition: the kill script sends
+//! SIGKILL after a grace to a rank that outlives its SIGTERM ([`kill_script`]).
+
+use std::time::Duration;
 
 use crate::plan::Plan;
 
@@ -91,19 +94,35 @@ pub(crate) fn pidfile_path(line: &str) -> Option<&str> {
     (mktemp && parts.iter().all(plain)).then_some(path)
 }
 
-/// The script that kills a remote rank through its PID file (`make_kill_script`, with the
-/// path quoted); it prints 1 when the process was still running, else 0.
-pub(crate) fn kill_script(pidfile: &str) -> String {
+/// The script that kills a remote rank through its PID file: `mlx.launch`'s
+/// (`make_kill_script`, with the path quoted: SIGTERM, then it prints 1 when the process was
+/// still running, else 0, and removes the PID file), and then what `mlx.launch` does not do:
+/// a SIGKILL `grace` later if the process is still there, as a local rank gets. A rank that
+/// ignores SIGTERM and the SIGHUP of its ssh session's end would otherwise run on after its
+/// job, holding its port and memory. The wait runs in the background on the rank's host, its
+/// output closed, so that the script's ssh session ends at once and the kill comes even after
+/// the launcher has exited; the process is killed only while it is the one the PID file named
+/// (its start time unchanged), never a later process given the same PID.
+pub(crate) fn kill_script(pidfile: &str, grace: Duration) -> String {
     let pidfile = shell_quote(pidfile);
+    let tenths = grace.as_millis().div_ceil(100);
     format!(
-        "pid=$(cat {pidfile}); if ps -p $pid >/dev/null; then     kill $pid;     echo 1; \
+        "pid=$(cat {pidfile}); if ps -p $pid >/dev/null; then     \
+         start=$(ps -o lstart= -p $pid);     kill $pid;     echo 1;     \
+         ( n=0; while [ $n -lt {tenths} ] && kill -0 $pid 2>/dev/null; do sleep 0.1; \
+         n=$((n+1)); done; if [ -n \"$start\" ] && [ \"$(ps -o lstart= -p $pid)\" = \"$start\" ]; \
+         then kill -9 $pid; fi ) </dev/null >/dev/null 2>&1 & \
          else     echo 0; fi; rm {pidfile}"
     )
 }
 
 /// The command that runs [`kill_script`] on `host`: `ssh HOST SCRIPT`.
-pub(crate) fn kill_command(host: &str, pidfile: &str) -> Vec<String> {
-    vec!["ssh".to_owned(), host.to_owned(), kill_script(pidfile)]
+pub(crate) fn kill_command(host: &str, pidfile: &str, grace: Duration) -> Vec<String> {
+    vec![
+        "ssh".to_owned(),
+        host.to_owned(),
+        kill_script(pidfile, grace),
+    ]
 }
 
 /// Python's `shlex.quote`: the word unchanged when it only has `[A-Za-z0-9_@%+=:,./-]`,
@@ -176,7 +195,7 @@ mod tests {
         }
         assert_eq!(pidfile_path(&format!("/{}/tmp.a", "d".repeat(5000))), None);
         // A path that needs quoting would be quoted in the kill script.
-        assert!(kill_script("/tmp/a b").contains("rm '/tmp/a b'"));
+        assert!(kill_script("/tmp/a b", Duration::from_secs(5)).contains("rm '/tmp/a b'"));
     }
 
     #[test]
@@ -281,12 +300,77 @@ mod tests {
     }
 
     #[test]
-    fn the_kill_script_is_mlx_launchs() {
+    fn the_kill_script_is_mlx_launchs_with_a_sigkill_after_the_grace() {
+        let script = kill_script("/tmp/tmp.abc", Duration::from_secs(5));
         assert_eq!(
-            kill_script("/tmp/tmp.abc"),
-            "pid=$(cat /tmp/tmp.abc); if ps -p $pid >/dev/null; then     kill $pid;     echo 1; \
+            script,
+            "pid=$(cat /tmp/tmp.abc); if ps -p $pid >/dev/null; then     \
+             start=$(ps -o lstart= -p $pid);     kill $pid;     echo 1;     \
+             ( n=0; while [ $n -lt 50 ] && kill -0 $pid 2>/dev/null; do sleep 0.1; \
+             n=$((n+1)); done; if [ -n \"$start\" ] && [ \"$(ps -o lstart= -p $pid)\" = \"$start\" ]; \
+             then kill -9 $pid; fi ) </dev/null >/dev/null 2>&1 & \
              else     echo 0; fi; rm /tmp/tmp.abc"
         );
-        assert_eq!(kill_command("h", "/p")[..2], strings(&["ssh", "h"]));
+        // mlx.launch's script, its SIGTERM, answer and removal in the same words.
+        for part in [
+            "pid=$(cat /tmp/tmp.abc); if ps -p $pid >/dev/null; then",
+            "kill $pid;     echo 1;",
+            "else     echo 0; fi; rm /tmp/tmp.abc",
+        ] {
+            assert!(script.contains(part), "{part}");
+        }
+        assert_eq!(
+            kill_command("h", "/p", Duration::from_secs(5))[..2],
+            strings(&["ssh", "h"])
+        );
+    }
+
+    #[test]
+    fn the_kill_script_kills_a_process_that_ignores_sigterm_and_leaves_one_that_exits() {
+        let dir = std::env::temp_dir().join(format!("nuvec-kill-script-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let run = |pid: u32| {
+            let pidfile = dir.join("pid");
+            std::fs::write(&pidfile, format!("{pid}\n")).expect("the PID file");
+            let script = kill_script(&pidfile.display().to_string(), Duration::from_millis(300));
+            let out = std::process::Command::new("sh")
+                .args(["-c", &script])
+                .output()
+                .expect("sh runs the script");
+            assert!(!pidfile.exists(), "the PID file is removed");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        // Ignores SIGTERM (an ignored signal stays ignored across exec).
+        let mut stubborn = std::process::Command::new("sh")
+            .args(["-c", "trap '' TERM HUP; exec sleep 30"])
+            .spawn()
+            .expect("sleep runs");
+        assert_eq!(run(stubborn.id()), "1");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = stubborn.try_wait().expect("wait") {
+                break Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                break None;
+            }
+            // Nothing to wake on but the child's end, which `try_wait` polls.
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let Some(status) = status else {
+            let _ = stubborn.kill();
+            let _ = stubborn.wait();
+            panic!("a process that ignores SIGTERM outlived the grace by 10 s");
+        };
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "{status:?}");
+        // A process already gone: 0, and nothing is killed.
+        let mut gone = std::process::Command::new("true")
+            .spawn()
+            .expect("true runs");
+        let pid = gone.id();
+        gone.wait().expect("true exits");
+        assert_eq!(run(pid), "0");
+        std::fs::remove_dir_all(&dir).expect("cleaned up");
     }
 }
