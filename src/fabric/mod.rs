@@ -739,119 +739,70 @@ pub trait Fabric {
     }
 }
 
-impl<F: Fabric + ?Sized> Fabric for &mut F {
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
-    fn size(&self) -> usize {
-        (**self).size()
-    }
-    fn kind(&self) -> ChannelKind {
-        (**self).kind()
-    }
-    fn links(&self, peer: usize) -> usize {
-        (**self).links(peer)
-    }
-    fn now(&self) -> Duration {
-        (**self).now()
-    }
-    fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
-        (**self).run(step, deadline)
-    }
-    fn run_ahead(
-        &mut self,
-        step: &mut [Transfer<'_>],
-        ahead: Ahead,
-        deadline: Duration,
-        moved: &mut [usize],
-    ) -> Result<(), FabricError> {
-        (**self).run_ahead(step, ahead, deadline, moved)
-    }
-    fn forwards(&self) -> bool {
-        (**self).forwards()
-    }
-    fn probe(&mut self) -> Vec<(usize, String)> {
-        (**self).probe()
-    }
-    fn last_heard(&self, peer: usize) -> Option<Duration> {
-        (**self).last_heard(peer)
-    }
-    fn set_patience(&mut self, patience: Box<dyn Patience>) {
-        (**self).set_patience(patience)
-    }
-    fn begin_operation(&mut self) {
-        (**self).begin_operation()
-    }
-    fn sends_later(&mut self, channels: &[Channel]) {
-        (**self).sends_later(channels)
-    }
-    fn tell_failed(&mut self) {
-        (**self).tell_failed()
-    }
-    fn epoch_us(&self) -> Option<u64> {
-        (**self).epoch_us()
-    }
-    fn recent(&self) -> Duration {
-        (**self).recent()
-    }
+/// A [`Fabric`] for each pointer to one (`&mut F`, `Box<F>`): every method forwarded, the
+/// provided ones included, so that a fabric behind a pointer keeps what it overrides. One
+/// list for both, so that a method added to the trait is forwarded by both or by neither.
+macro_rules! forward_fabric {
+    ($($pointer:ty),+) => {$(
+        impl<F: Fabric + ?Sized> Fabric for $pointer {
+            fn rank(&self) -> usize {
+                (**self).rank()
+            }
+            fn size(&self) -> usize {
+                (**self).size()
+            }
+            fn kind(&self) -> ChannelKind {
+                (**self).kind()
+            }
+            fn links(&self, peer: usize) -> usize {
+                (**self).links(peer)
+            }
+            fn now(&self) -> Duration {
+                (**self).now()
+            }
+            fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
+                (**self).run(step, deadline)
+            }
+            fn run_ahead(
+                &mut self,
+                step: &mut [Transfer<'_>],
+                ahead: Ahead,
+                deadline: Duration,
+                moved: &mut [usize],
+            ) -> Result<(), FabricError> {
+                (**self).run_ahead(step, ahead, deadline, moved)
+            }
+            fn forwards(&self) -> bool {
+                (**self).forwards()
+            }
+            fn probe(&mut self) -> Vec<(usize, String)> {
+                (**self).probe()
+            }
+            fn last_heard(&self, peer: usize) -> Option<Duration> {
+                (**self).last_heard(peer)
+            }
+            fn set_patience(&mut self, patience: Box<dyn Patience>) {
+                (**self).set_patience(patience)
+            }
+            fn begin_operation(&mut self) {
+                (**self).begin_operation()
+            }
+            fn sends_later(&mut self, channels: &[Channel]) {
+                (**self).sends_later(channels)
+            }
+            fn tell_failed(&mut self) {
+                (**self).tell_failed()
+            }
+            fn epoch_us(&self) -> Option<u64> {
+                (**self).epoch_us()
+            }
+            fn recent(&self) -> Duration {
+                (**self).recent()
+            }
+        }
+    )+};
 }
-
-impl<F: Fabric + ?Sized> Fabric for Box<F> {
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
-    fn size(&self) -> usize {
-        (**self).size()
-    }
-    fn kind(&self) -> ChannelKind {
-        (**self).kind()
-    }
-    fn links(&self, peer: usize) -> usize {
-        (**self).links(peer)
-    }
-    fn now(&self) -> Duration {
-        (**self).now()
-    }
-    fn run(&mut self, step: &mut [Transfer<'_>], deadline: Duration) -> Result<(), FabricError> {
-        (**self).run(step, deadline)
-    }
-    fn run_ahead(
-        &mut self,
-        step: &mut [Transfer<'_>],
-        ahead: Ahead,
-        deadline: Duration,
-        moved: &mut [usize],
-    ) -> Result<(), FabricError> {
-        (**self).run_ahead(step, ahead, deadline, moved)
-    }
-    fn forwards(&self) -> bool {
-        (**self).forwards()
-    }
-    fn probe(&mut self) -> Vec<(usize, String)> {
-        (**self).probe()
-    }
-    fn last_heard(&self, peer: usize) -> Option<Duration> {
-        (**self).last_heard(peer)
-    }
-    fn set_patience(&mut self, patience: Box<dyn Patience>) {
-        (**self).set_patience(patience)
-    }
-    fn begin_operation(&mut self) {
-        (**self).begin_operation()
-    }
-    fn sends_later(&mut self, channels: &[Channel]) {
-        (**self).sends_later(channels)
-    }
-    fn tell_failed(&mut self) {
-        (**self).tell_failed()
-    }
-    fn epoch_us(&self) -> Option<u64> {
-        (**self).epoch_us()
-    }
-    fn recent(&self) -> Duration {
-        (**self).recent()
-    }
-}
+forward_fabric!(&mut F, Box<F>);
 
 /// One connection between two ranks: `opener` connected to `acceptor`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
