@@ -61,6 +61,11 @@ pub struct Report<T> {
     /// Bytes of payload the ranks put on the wire (stream fragments and messages, lost ones
     /// included): divided by the wall-clock time of the run, the simulator's own speed.
     pub payload: u64,
+    /// Whether a fault of [`Sim::fault`](crate::Sim::fault) took effect: a crash or a stall
+    /// of a rank that had not returned, a cut link, a lost message or an error completion.
+    /// A fault that came after its rank returned, or whose call or message never came, did
+    /// not: the run was then as without it.
+    pub fault_struck: bool,
 }
 
 impl<T> Report<T> {
@@ -75,6 +80,7 @@ impl<T> Report<T> {
             outcomes,
             seed,
             trace_hash: world.trace,
+            fault_struck: world.struck,
             end: world.now,
             wire: world
                 .channels

@@ -222,13 +222,15 @@ impl World {
             wire.record.extend_from_slice(data);
         }
         if self.error_status.contains(&(rank, channel, seq)) {
+            self.struck = true;
             self.hash(&[10, rank as u64, seq]);
             return Err(FailureKind::Completion(format!(
                 "error status on message {seq} (simulated)"
             )));
         }
-        let lost = self.lose.contains(&(rank, channel, seq))
-            || (loss > 0.0 && self.rng.random_bool(loss.min(1.0)));
+        let chosen = self.lose.contains(&(rank, channel, seq));
+        self.struck |= chosen;
+        let lost = chosen || (loss > 0.0 && self.rng.random_bool(loss.min(1.0)));
         let jitter_ns = if jitter.is_zero() {
             0
         } else {

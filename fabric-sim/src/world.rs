@@ -135,6 +135,9 @@ pub(crate) struct World {
     pub(crate) lose: Vec<(usize, Channel, u64)>,
     /// Sends that complete with an error status: `(sender, channel, sequence number)`.
     pub(crate) error_status: Vec<(usize, Channel, u64)>,
+    /// Whether an injected fault took effect: a crash of a rank still running, a stall of
+    /// one, a cut, a lost message or an error completion ([`crate::Report::fault_struck`]).
+    pub(crate) struck: bool,
     /// `heard[rank][peer]`: when `rank` last took bytes from `peer`.
     pub(crate) heard: Vec<Vec<Option<Duration>>>,
     /// Bytes put on the wire so far ([`crate::Report::payload`]).
@@ -195,6 +198,7 @@ impl World {
             uc: sim.uc,
             lose: Vec::new(),
             error_status: Vec::new(),
+            struck: false,
             heard: vec![vec![None; size]; size],
             payload: 0,
             split_seen: BTreeMap::new(),
@@ -322,6 +326,7 @@ impl World {
             return;
         }
         self.ranks[rank].state = RankState::Crashed;
+        self.struck = true;
         self.hash(&[5, rank as u64]);
         // Bytes already on the wire still arrive; nothing more leaves; then the peers see the
         // connection close.
@@ -354,6 +359,8 @@ impl World {
             Event::Crash { rank } => self.crash(rank),
             Event::Stall { rank, until_nanos } => {
                 let until = Duration::from_nanos(until_nanos);
+                self.struck |=
+                    !matches!(self.ranks[rank].state, RankState::Done | RankState::Crashed);
                 self.ranks[rank].stalled_until = until;
                 self.hash(&[6, rank as u64]);
                 self.at(until, Event::StallEnd { rank });
@@ -365,6 +372,7 @@ impl World {
                     return;
                 };
                 self.hash(&[7, rank as u64, peer as u64, link as u64]);
+                self.struck = true;
                 let silent = self.uc.is_some();
                 for key in [(rank, channel), (far, Channel::new(rank, far_link))] {
                     let wire = self.channel_mut(key.0, key.1);

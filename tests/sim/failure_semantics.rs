@@ -316,3 +316,48 @@ fn a_peer_closing_during_an_all_reduce_mlx_refuses_fails_naming_mlxs_rule() {
         other => panic!("{other:?}"),
     }
 }
+
+/// One all_sum of 16 floats on `ranks` ranks under `fault`: whether the fault struck, and
+/// whether every rank returned the right sum.
+fn one_all_sum_under(fault: Fault) -> (bool, bool) {
+    let ranks = 3;
+    let report = Sim::ring(ranks, 1).seed(11).fault(fault).run(|fabric| {
+        let comm = RingCommunicator::new(fabric, 1, TIMEOUT);
+        let mut data = f32s((0..16).map(|i| i as f32));
+        comm.try_all_reduce(Reduction::Sum, DType::F32, &mut data)
+            .map(|()| data)
+            .map_err(|e| e.to_string())
+    });
+    let want = f32s((0..16).map(|i| (ranks * i) as f32));
+    let all_right = report
+        .outcomes
+        .into_iter()
+        .all(|o| o.returned().is_some_and(|r| r.as_ref() == Ok(&want)));
+    (report.fault_struck, all_right)
+}
+
+#[test]
+fn the_report_says_whether_the_fault_struck_and_one_that_did_not_changes_nothing() {
+    // Past the job's end (its all_sum takes microseconds): no rank is left to crash.
+    let late = one_all_sum_under(Fault::CrashAt {
+        rank: 1,
+        at: Duration::from_secs(100),
+    });
+    assert_eq!(late, (false, true), "a crash after the job");
+    // A fabric call the rank never makes.
+    let never = one_all_sum_under(Fault::Crash {
+        rank: 1,
+        call: 1_000,
+    });
+    assert_eq!(never, (false, true), "a crash at a call never made");
+    // Its first call: it struck, and the job failed.
+    let first = one_all_sum_under(Fault::Crash { rank: 1, call: 0 });
+    assert_eq!(first, (true, false), "a crash at the first call");
+    // A short stall of a running rank strikes and fails nothing.
+    let stall = one_all_sum_under(Fault::Stall {
+        rank: 2,
+        at: Duration::ZERO,
+        duration: Duration::from_millis(20),
+    });
+    assert_eq!(stall, (true, true), "a short stall");
+}
