@@ -1157,10 +1157,6 @@ fn a_cable_pulled_under_nuvec_launch_is_named_by_the_merged_records() {
     );
 }
 
-/// Ctrl-C across hosts: rank 2 of three hosts is stuck in its own code while ranks 0 and 1
-/// wait for it in all_sum #1. The first Ctrl-C has every rank's record written on its host and
-/// fetched over ssh, and prints where each rank is, rank 2 named as the one that has not
-/// joined; the second stops the job (exit 130) on every host.
 #[test]
 fn a_remote_rank_that_ignores_sigterm_and_sighup_is_killed_on_its_host_after_the_grace() {
     let _one = exclusive();
@@ -1175,8 +1171,8 @@ fn a_remote_rank_that_ignores_sigterm_and_sighup_is_killed_on_its_host_after_the
     let token = format!("nuvec-stubborn-{}", unix_ms());
     let script = format!(
         "trap '' TERM HUP; : {token}; if [ \"$MLX_RANK\" = 1 ]; then \
-         while [ ! -e {ready} ]; do sleep 0.05; done; exit 7; fi; \
-         touch {ready}; while :; do sleep 0.2; done",
+         while [ ! -e '{ready}' ]; do sleep 0.05; done; exit 7; fi; \
+         touch '{ready}'; while :; do sleep 0.2; done",
         ready = ready.display()
     );
     let args = strings(&[
@@ -1221,6 +1217,10 @@ fn a_remote_rank_that_ignores_sigterm_and_sighup_is_killed_on_its_host_after_the
     );
 }
 
+/// Ctrl-C across hosts: rank 2 of three hosts is stuck in its own code while ranks 0 and 1
+/// wait for it in all_sum #1. The first Ctrl-C has every rank's record written on its host and
+/// fetched over ssh, and prints where each rank is, rank 2 named as the one that has not
+/// joined; the second stops the job (exit 130) on every host.
 #[test]
 fn the_first_ctrl_c_across_hosts_prints_where_every_rank_is_and_the_second_stops_the_job() {
     let _one = exclusive();
@@ -2327,7 +2327,9 @@ fn the_doctor_finds_a_ring_address_that_is_a_secondary_address_of_its_nic() {
         done.stdout
     );
     assert!(
-        !done.stdout.contains("on none of this host's interfaces") && done.code == Some(0),
+        !done.stdout.contains("on none of this host's interfaces")
+            && done.stdout.contains("198.18.0.102 is on ")
+            && done.code == Some(0),
         "{}",
         done.describe()
     );

@@ -101,16 +101,18 @@ pub(crate) fn pidfile_path(line: &str) -> Option<&str> {
 /// ignores SIGTERM and the SIGHUP of its ssh session's end would otherwise run on after its
 /// job, holding its port and memory. The wait runs in the background on the rank's host, its
 /// output closed, so that the script's ssh session ends at once and the kill comes even after
-/// the launcher has exited; the process is killed only while it is the one the PID file named
-/// (its start time unchanged), never a later process given the same PID.
+/// the launcher has exited. The process is killed only while it is the one the script found
+/// under that PID (its start time unchanged), not a process that took the PID once it ended;
+/// its children are left to the SIGHUP of its session's end. Where `sleep` takes no fraction
+/// of a second the wait counts whole seconds.
 pub(crate) fn kill_script(pidfile: &str, grace: Duration) -> String {
     let pidfile = shell_quote(pidfile);
     let tenths = grace.as_millis().div_ceil(100);
     format!(
         "pid=$(cat {pidfile}); if ps -p $pid >/dev/null; then     \
          start=$(ps -o lstart= -p $pid);     kill $pid;     echo 1;     \
-         ( n=0; while [ $n -lt {tenths} ] && kill -0 $pid 2>/dev/null; do sleep 0.1; \
-         n=$((n+1)); done; if [ -n \"$start\" ] && [ \"$(ps -o lstart= -p $pid)\" = \"$start\" ]; \
+         ( n=0; while [ $n -lt {tenths} ] && kill -0 $pid 2>/dev/null; do sleep 0.1 \
+         2>/dev/null || {{ sleep 1; n=$((n+9)); }}; n=$((n+1)); done; if [ -n \"$start\" ] && [ \"$(ps -o lstart= -p $pid)\" = \"$start\" ]; \
          then kill -9 $pid; fi ) </dev/null >/dev/null 2>&1 & \
          else     echo 0; fi; rm {pidfile}"
     )
@@ -306,8 +308,8 @@ mod tests {
             script,
             "pid=$(cat /tmp/tmp.abc); if ps -p $pid >/dev/null; then     \
              start=$(ps -o lstart= -p $pid);     kill $pid;     echo 1;     \
-             ( n=0; while [ $n -lt 50 ] && kill -0 $pid 2>/dev/null; do sleep 0.1; \
-             n=$((n+1)); done; if [ -n \"$start\" ] && [ \"$(ps -o lstart= -p $pid)\" = \"$start\" ]; \
+             ( n=0; while [ $n -lt 50 ] && kill -0 $pid 2>/dev/null; do sleep 0.1 \
+             2>/dev/null || { sleep 1; n=$((n+9)); }; n=$((n+1)); done; if [ -n \"$start\" ] && [ \"$(ps -o lstart= -p $pid)\" = \"$start\" ]; \
              then kill -9 $pid; fi ) </dev/null >/dev/null 2>&1 & \
              else     echo 0; fi; rm /tmp/tmp.abc"
         );
@@ -340,11 +342,21 @@ mod tests {
             assert!(!pidfile.exists(), "the PID file is removed");
             String::from_utf8_lossy(&out.stdout).trim().to_owned()
         };
-        // Ignores SIGTERM (an ignored signal stays ignored across exec).
+        // Ignores SIGTERM (an ignored signal stays ignored across exec), once it says so.
         let mut stubborn = std::process::Command::new("sh")
-            .args(["-c", "trap '' TERM HUP; exec sleep 30"])
+            .args(["-c", "trap '' TERM HUP; echo ready; exec sleep 30"])
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("sleep runs");
+        let mut ready = String::new();
+        let said = stubborn
+            .stdout
+            .take()
+            .map(|out| std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut ready));
+        assert!(
+            matches!(said, Some(Ok(_))) && ready.trim() == "ready",
+            "{said:?} {ready:?}"
+        );
         assert_eq!(run(stubborn.id()), "1");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let status = loop {

@@ -337,6 +337,10 @@ impl<'a> Env<'a> {
         }
         let d = Duration::try_from_secs_f64(secs)
             .map_err(|_| bad("is too large for a progress timeout"))?;
+        if d.is_zero() && secs > 0.0 {
+            // Not 0 as written, so not "off": refused rather than read as it.
+            return Err(bad("is below one nanosecond (0 turns it off)"));
+        }
         Ok((!d.is_zero()).then_some(d))
     }
 
@@ -668,6 +672,9 @@ mod tests {
         an_infinite_warning_interval_is_refused:
             warn_after, [("NUVEC_DISTRIBUTED_WARN_AFTER", "inf")]
                 => ["NUVEC_DISTRIBUTED_WARN_AFTER=\"inf\"", "finite"];
+        a_progress_timeout_below_a_nanosecond_is_refused_rather_than_read_as_off:
+            jaccl_progress_timeout, [("JACCL_PROGRESS_TIMEOUT_S", "1e-10")]
+                => ["JACCL_PROGRESS_TIMEOUT_S=\"1e-10\"", "below one nanosecond"];
         a_warning_interval_below_a_nanosecond_is_refused_rather_than_read_as_never:
             warn_after, [("NUVEC_DISTRIBUTED_WARN_AFTER", "1e-10")]
                 => ["NUVEC_DISTRIBUTED_WARN_AFTER=\"1e-10\"", "below one nanosecond"];

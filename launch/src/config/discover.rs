@@ -72,10 +72,16 @@ pub(crate) const IBV_DEVICES: &str = "ibv_devices";
 /// The command that prints a Linux host's TCP congestion control: `grep -s`, which is on every
 /// host's default path and says nothing where the file is missing (macOS: it fails quietly).
 pub(crate) const CONGESTION: &str = "grep -s . /proc/sys/net/ipv4/tcp_congestion_control";
-/// The command that lists a Linux host's addresses, one line each: `ip -o addr show`, which
-/// shows the secondary IPv4 addresses Linux's `ifconfig` leaves out (macOS has no `ip`: it
-/// fails, and `ifconfig` there shows every address).
-pub(crate) const IP_ADDRESSES: &str = "ip -o addr show";
+/// The command that lists the addresses of a Linux host's interfaces that are up, one line
+/// each: `ip -o addr show up`, which shows the secondary IPv4 addresses Linux's `ifconfig`
+/// leaves out. Only interfaces that are up, as `ifconfig` lists them. macOS has no `ip`
+/// (there `ifconfig` shows every address): run on another host, the command's errors go to
+/// `/dev/null` ([`IP_ADDRESSES_REMOTE`]).
+pub(crate) const IP_ADDRESSES: [&str; 5] = ["ip", "-o", "addr", "show", "up"];
+
+/// [`IP_ADDRESSES`] as the shell command ssh runs on another host, quiet where `ip` is
+/// missing; also what a replay answers with `ip-addr.txt`.
+pub(crate) const IP_ADDRESSES_REMOTE: &str = "ip -o addr show up 2>/dev/null";
 
 /// `networksetup -listallhardwareports`: hardware port name to device, e.g.
 /// `"Thunderbolt 1" -> "en2"`. A `Device:` line belongs to the `Hardware Port:` line before

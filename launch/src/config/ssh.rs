@@ -20,7 +20,7 @@
 //! | `ipconfig getifaddr en0` (and `en1`)          | `en0.txt`, `en1.txt` | no output        |
 //! | `ifconfig` (`nuvec-launch doctor`)            | `ifconfig.txt`     | fails, no output   |
 //! | `grep -s . /proc/sys/net/ipv4/tcp_congestion_control` (doctor, ring) | `tcp_congestion_control.txt` | no output |
-//! | `ip -o addr show` (doctor)                    | `ip-addr.txt`      | no output          |
+//! | `ip -o addr show up 2>/dev/null` (doctor)     | `ip-addr.txt`      | no output          |
 //!
 //! With `--auto-setup` a replay prints the ssh command it would run instead of running it.
 
@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use crossbeam_channel::RecvTimeoutError;
 
-use super::discover::{CONGESTION, HARDWARE_PORTS, IBV_DEVICES, IP_ADDRESSES, THUNDERBOLT};
+use super::discover::{CONGESTION, HARDWARE_PORTS, IBV_DEVICES, IP_ADDRESSES_REMOTE, THUNDERBOLT};
 
 /// The longest a command on a host may take (`system_profiler` takes a few seconds).
 pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -185,7 +185,7 @@ impl Runner for Replay {
             HARDWARE_PORTS => self.file(host, "hardware-ports.txt"),
             IBV_DEVICES => quiet(self.file(host, "ibv_devices.txt")),
             CONGESTION => quiet(self.file(host, "tcp_congestion_control.txt")),
-            IP_ADDRESSES => quiet(self.file(host, "ip-addr.txt")),
+            IP_ADDRESSES_REMOTE => quiet(self.file(host, "ip-addr.txt")),
             "ifconfig" => self.file(host, "ifconfig.txt"),
             "ipconfig getifaddr en0" => quiet(self.file(host, "en0.txt")),
             "ipconfig getifaddr en1" => quiet(self.file(host, "en1.txt")),

@@ -33,7 +33,8 @@ pub(crate) fn interfaces(text: &str) -> Vec<Interface> {
             continue;
         }
         if !line.starts_with(char::is_whitespace) {
-            let Some((name, rest)) = line.split_once(':') else {
+            // `eth0:1: flags=...` is Linux's labelled second address, an interface of its own.
+            let Some((name, rest)) = line.split_once(": ") else {
                 continue;
             };
             let flags = rest
@@ -71,16 +72,16 @@ pub(crate) fn interfaces(text: &str) -> Vec<Interface> {
     all
 }
 
-/// Adds to `all` the addresses of `ip -o addr show`'s output that `ifconfig` did not show:
+/// Adds to `all` the addresses of `ip -o addr show up`'s output that `ifconfig` did not show:
 /// Linux's `ifconfig` shows one IPv4 address an interface (a second one only where it has a
 /// label of its own, as a separate `eth0:1`), so a ring address added beside another
 /// (`ip addr add`) would seem to be on none of the host's interfaces. A line reads `2: eth0
-/// inet 198.18.0.1/24 brd ... scope global eth0\ ...`; an interface that `ifconfig` did not
-/// list is added as up, its state unknown.
+/// inet 198.18.0.1/24 brd ... scope global eth0\ ...`. The command lists only interfaces
+/// that are up, as `ifconfig` does, so one `ifconfig` did not list is added as up.
 pub(crate) fn add_ip_addresses(all: &mut Vec<Interface>, text: &str) {
     for line in text.lines() {
         let mut words = line.split_whitespace();
-        let (Some(_index), Some(name), Some(family), Some(address)) =
+        let (Some(_index), Some(name), Some(family @ ("inet" | "inet6")), Some(address)) =
             (words.next(), words.next(), words.next(), words.next())
         else {
             continue;
@@ -88,6 +89,7 @@ pub(crate) fn add_ip_addresses(all: &mut Vec<Interface>, text: &str) {
         // `veth0@if5` names a veth's peer after the `@`.
         let name = name.split_once('@').map_or(name, |(n, _)| n);
         let address = address.split_once('/').map_or(address, |(a, _)| a);
+        let address = address.split_once('%').map_or(address, |(a, _)| a);
         let at = match all.iter().position(|i| i.name == name) {
             Some(at) => at,
             None => {
@@ -99,10 +101,10 @@ pub(crate) fn add_ip_addresses(all: &mut Vec<Interface>, text: &str) {
                 all.len() - 1
             }
         };
-        let list = match family {
-            "inet" => &mut all[at].inet,
-            "inet6" => &mut all[at].inet6,
-            _ => continue,
+        let list = if family == "inet" {
+            &mut all[at].inet
+        } else {
+            &mut all[at].inet6
         };
         if !list.iter().any(|a| a == address) {
             list.push(address.to_owned());
@@ -148,7 +150,8 @@ mod tests {
             2: eth0    inet 198.18.0.1/24 brd 198.18.0.255 scope global eth0\\       valid_lft forever\n\
             2: eth0    inet 198.18.1.1/24 scope global secondary eth0\\       valid_lft forever\n\
             2: eth0    inet6 fe80::1/64 scope link \\       valid_lft forever preferred_lft forever\n\
-            3: veth1@if7    inet 198.18.2.1/24 scope global veth1\\       valid_lft forever\n";
+            3: veth1@if7    inet 198.18.2.1/24 scope global veth1\\       valid_lft forever\n\
+            4: wlan0    link/ether 00:11:22:33:44:55 brd ff:ff:ff:ff:ff:ff\n";
         let mut all = interfaces(ifconfig);
         add_ip_addresses(&mut all, ip);
         assert_eq!(all[0].name, "eth0");
@@ -166,6 +169,10 @@ mod tests {
             .expect("named without its peer");
         assert_eq!(veth.inet, ["198.18.2.1"]);
         assert!(veth.up);
+        assert!(
+            all.iter().all(|i| i.name != "wlan0"),
+            "a line of another family adds no interface"
+        );
         let mut unchanged = interfaces(ifconfig);
         add_ip_addresses(&mut unchanged, "");
         assert_eq!(
@@ -173,5 +180,17 @@ mod tests {
             interfaces(ifconfig),
             "no output (macOS) adds nothing"
         );
+    }
+
+    #[test]
+    fn a_labelled_second_address_is_an_interface_of_its_own() {
+        let text = "eth0: flags=4163<UP,BROADCAST,RUNNING,MULTICAST>  mtu 1500\n\
+            \tinet 198.18.0.1  netmask 255.255.255.0\n\
+            eth0:1: flags=4163<UP,BROADCAST,RUNNING,MULTICAST>  mtu 1500\n\
+            \tinet 198.18.1.1  netmask 255.255.255.0\n";
+        let all = interfaces(text);
+        assert_eq!(all.len(), 2);
+        assert_eq!((all[1].name.as_str(), all[1].up), ("eth0:1", true));
+        assert_eq!(all[1].inet, ["198.18.1.1"]);
     }
 }

@@ -5,7 +5,7 @@
 //! nuvec-launch doctor --hosts 192.168.0.1,192.168.0.2  # a ring over these addresses
 //! ```
 //!
-//! On every rank's host it runs `ifconfig` (and `ip -o addr show`, for the secondary IPv4
+//! On every rank's host it runs `ifconfig` (and `ip -o addr show up`, for the secondary IPv4
 //! addresses Linux's `ifconfig` does not show), `networksetup -listallhardwareports`, for
 //! JACCL `ibv_devices` and for the ring a read of `/proc/sys/net/ipv4/tcp_congestion_control`
 //! (over ssh; directly on `127.0.0.1`/`localhost`; or from saved files
@@ -94,7 +94,8 @@ use clap::Parser;
 use self::measure::Budget;
 use crate::args::Args;
 use crate::config::discover::{
-    CONGESTION, HARDWARE_PORTS, IBV_DEVICES, IP_ADDRESSES, hardware_ports, rdma_devices,
+    CONGESTION, HARDWARE_PORTS, IBV_DEVICES, IP_ADDRESSES, IP_ADDRESSES_REMOTE, hardware_ports,
+    rdma_devices,
 };
 use crate::config::ssh::{COMMAND_TIMEOUT, Output, Replay, Runner, Ssh, bounded};
 use crate::hosts::{HostList, hosts_of};
@@ -179,8 +180,8 @@ pub(crate) struct DoctorArgs {
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
     /// Run nothing: read each host's command outputs from DIR/HOST/ (ifconfig.txt,
-    /// hardware-ports.txt, ibv_devices.txt, tcp_congestion_control.txt); links are not
-    /// measured
+    /// ip-addr.txt, hardware-ports.txt, ibv_devices.txt, tcp_congestion_control.txt); links
+    /// are not measured
     #[arg(long, value_name = "DIR")]
     replay: Option<PathBuf>,
 }
@@ -639,10 +640,14 @@ fn state_of(
         .map(|out| out.stdout.trim().to_owned())
         .filter(|name| !name.is_empty());
     let mut interfaces = interfaces::interfaces(&ifconfig.stdout);
-    // Linux's `ifconfig` leaves out secondary IPv4 addresses; `ip` shows them (it fails
-    // quietly on macOS, whose `ifconfig` shows every address).
-    let words: Vec<&str> = IP_ADDRESSES.split(' ').collect();
-    let ip = run_on(host, &words, runner, replay);
+    // Linux's `ifconfig` leaves out secondary IPv4 addresses; `ip` shows them. macOS has no
+    // `ip` (its `ifconfig` shows every address): here the command cannot start, and on
+    // another host its shell's complaint goes to /dev/null.
+    let ip = if !replay && LOCAL_HOSTS.contains(&host) {
+        run_on(host, &IP_ADDRESSES, runner, replay)
+    } else {
+        runner.run(host, &[], &[IP_ADDRESSES_REMOTE])
+    };
     if ip.success {
         interfaces::add_ip_addresses(&mut interfaces, &ip.stdout);
     }
