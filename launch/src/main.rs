@@ -649,11 +649,12 @@ impl Job {
 
     /// The remote ranks, as `(rank, host)`.
     fn remote_ranks(&self) -> Vec<(usize, String)> {
-        self.ranks
-            .iter()
-            .filter(|r| !r.plan.local)
-            .map(|r| (r.plan.rank, r.plan.host.clone()))
-            .collect()
+        remote(&self.ranks, |_| true)
+    }
+
+    /// The remote ranks still running, as `(rank, host)`.
+    fn remote_running(&self) -> Vec<(usize, String)> {
+        remote(&self.ranks, Rank::running)
     }
 
     /// After a failure: the ranks' flight records, merged, under the summary (nothing when
@@ -712,16 +713,15 @@ impl Job {
     /// answers (at most [`collect::ANSWER_WAIT`], printing the ranks' output meanwhile) and
     /// prints the merged records.
     fn hang_report(&mut self, why: &str) {
+        let hosts: Vec<String> = self
+            .remote_running()
+            .into_iter()
+            .map(|(_, host)| host)
+            .collect();
         let Some(dir) = &mut self.records else {
             warn(&format!("{why}: no record directory, so no report"));
             return;
         };
-        let hosts: Vec<String> = self
-            .ranks
-            .iter()
-            .filter(|r| !r.plan.local && r.running())
-            .map(|r| r.plan.host.clone())
-            .collect();
         let id = dir.request(&hosts);
         let running: std::collections::BTreeSet<usize> = self
             .ranks
@@ -1001,12 +1001,7 @@ impl Job {
                         // Remote ranks write their progress on their own hosts: fetched when
                         // the local view says no rank moved for the whole period, at most once
                         // a period, a report or not (a job that moves again must be seen to).
-                        let remote: Vec<(usize, String)> = self
-                            .ranks
-                            .iter()
-                            .filter(|r| !r.plan.local && r.running())
-                            .map(|r| (r.plan.rank, r.plan.host.clone()))
-                            .collect();
+                        let remote = remote(&self.ranks, Rank::running);
                         if !remote.is_empty() {
                             dir.fetch_progress(&remote);
                             last_fetch = Instant::now();
@@ -1133,6 +1128,15 @@ impl Job {
             }
         }
     }
+}
+
+/// The ranks of `ranks` on other hosts for which `which` holds, as `(rank, host)`.
+fn remote(ranks: &[Rank], which: impl Fn(&Rank) -> bool) -> Vec<(usize, String)> {
+    ranks
+        .iter()
+        .filter(|r| !r.plan.local && which(r))
+        .map(|r| (r.plan.rank, r.plan.host.clone()))
+        .collect()
 }
 
 /// Stops a running rank: SIGTERM to its process and its descendants; for a remote rank also
