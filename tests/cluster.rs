@@ -1642,6 +1642,38 @@ fn a_glitch_shorter_than_seventy_percent_of_the_link_timeout_is_survived_with_th
     );
 }
 
+/// A JACCL mesh of hosts 0, 1 and 2 over the RDMA fabric on the software provider's TCP wire,
+/// each rank running a stream of 4 MiB all_sums (`loop_rank`) with `setting` in its
+/// environment, logs in `dir`: returned once some rank has completed its first.
+#[cfg(feature = "jaccl")]
+fn jaccl_mesh_of_three_over_rdma_running(
+    c: &Cluster,
+    dir: &Path,
+    setting: (&str, String),
+) -> Vec<(Child, PathBuf)> {
+    let devices = dir.join("devices.json");
+    std::fs::write(
+        &devices,
+        r#"[[null, "rdma_en1", "rdma_en2"], ["rdma_en1", null, "rdma_en3"], ["rdma_en2", "rdma_en3", null]]"#,
+    )
+    .expect("the device file");
+    let env = [
+        ("NUVEC_CLUSTER_JACCL", "1".to_owned()),
+        ("MLX_IBV_DEVICES", devices.display().to_string()),
+        ("MLX_JACCL_COORDINATOR", format!("{}:6100", c.hosts[0].addr)),
+        ("NUVEC_JACCL_FABRIC", "rdma".to_owned()),
+        ("NUVEC_JACCL_VERBS", emu::library().display().to_string()),
+        ("NUVEC_VERBS_EMU_WIRE", "tcp".to_owned()),
+        setting,
+        ("NUVEC_CLUSTER_ITERS", "100000".to_owned()),
+        ("NUVEC_CLUSTER_BYTES", (4 << 20).to_string()),
+    ];
+    let children = spawn_loop(c, dir, &[0, 1, 2], &[], &env);
+    let logs: Vec<PathBuf> = children.iter().map(|(_, l)| l.clone()).collect();
+    wait_for_line(&logs, "ITER 0", Duration::from_secs(30));
+    children
+}
+
 /// A JACCL mesh of 3 hosts over the RDMA fabric on the software provider's TCP wire: host 2's
 /// cable is pulled during a stream of 4 MiB all_sums. Every rank (the cut one too) fails by
 /// its deadline with an error naming a peer, and a later operation fails at once.
@@ -1653,27 +1685,9 @@ fn a_cable_pulled_during_a_jaccl_collective_over_rdma_fails_every_rank_by_its_de
         return;
     };
     let dir = procs::scratch("jaccl-pulled");
-    let devices = dir.join("devices.json");
-    std::fs::write(
-        &devices,
-        r#"[[null, "rdma_en1", "rdma_en2"], ["rdma_en1", null, "rdma_en3"], ["rdma_en2", "rdma_en3", null]]"#,
-    )
-    .expect("the device file");
     let timeout = Duration::from_secs(5);
-    let env = [
-        ("NUVEC_CLUSTER_JACCL", "1".to_owned()),
-        ("MLX_IBV_DEVICES", devices.display().to_string()),
-        ("MLX_JACCL_COORDINATOR", format!("{}:6100", c.hosts[0].addr)),
-        ("NUVEC_JACCL_FABRIC", "rdma".to_owned()),
-        ("NUVEC_JACCL_VERBS", emu::library().display().to_string()),
-        ("NUVEC_VERBS_EMU_WIRE", "tcp".to_owned()),
-        ("NUVEC_DISTRIBUTED_TIMEOUT", timeout.as_secs().to_string()),
-        ("NUVEC_CLUSTER_ITERS", "100000".to_owned()),
-        ("NUVEC_CLUSTER_BYTES", (4 << 20).to_string()),
-    ];
-    let children = spawn_loop(&c, &dir, &[0, 1, 2], &[], &env);
-    let logs: Vec<PathBuf> = children.iter().map(|(_, l)| l.clone()).collect();
-    wait_for_line(&logs, "ITER 0", Duration::from_secs(30));
+    let setting = ("NUVEC_DISTRIBUTED_TIMEOUT", timeout.as_secs().to_string());
+    let children = jaccl_mesh_of_three_over_rdma_running(&c, &dir, setting);
     let pulled = unix_ms();
     c.pull(2);
     let done = wait_all(children, timeout * 3 + Duration::from_secs(10));
@@ -1719,27 +1733,9 @@ fn a_cable_pulled_during_a_jaccl_collective_is_found_by_the_side_channels_keepal
         return;
     };
     let dir = procs::scratch("jaccl-pulled-keepalive");
-    let devices = dir.join("devices.json");
-    std::fs::write(
-        &devices,
-        r#"[[null, "rdma_en1", "rdma_en2"], ["rdma_en1", null, "rdma_en3"], ["rdma_en2", "rdma_en3", null]]"#,
-    )
-    .expect("the device file");
     let link = Duration::from_secs(5);
-    let env = [
-        ("NUVEC_CLUSTER_JACCL", "1".to_owned()),
-        ("MLX_IBV_DEVICES", devices.display().to_string()),
-        ("MLX_JACCL_COORDINATOR", format!("{}:6100", c.hosts[0].addr)),
-        ("NUVEC_JACCL_FABRIC", "rdma".to_owned()),
-        ("NUVEC_JACCL_VERBS", emu::library().display().to_string()),
-        ("NUVEC_VERBS_EMU_WIRE", "tcp".to_owned()),
-        ("NUVEC_DISTRIBUTED_LINK_TIMEOUT", link.as_secs().to_string()),
-        ("NUVEC_CLUSTER_ITERS", "100000".to_owned()),
-        ("NUVEC_CLUSTER_BYTES", (4 << 20).to_string()),
-    ];
-    let children = spawn_loop(&c, &dir, &[0, 1, 2], &[], &env);
-    let logs: Vec<PathBuf> = children.iter().map(|(_, l)| l.clone()).collect();
-    wait_for_line(&logs, "ITER 0", Duration::from_secs(30));
+    let setting = ("NUVEC_DISTRIBUTED_LINK_TIMEOUT", link.as_secs().to_string());
+    let children = jaccl_mesh_of_three_over_rdma_running(&c, &dir, setting);
     let pulled = unix_ms();
     c.pull(2);
     let done = wait_all(children, link * 3 + Duration::from_secs(10));
