@@ -1299,24 +1299,15 @@ fn hang_reports_across_hosts_come_only_when_the_remote_ranks_stop_completing_ope
     };
     let dir = procs::scratch("hang-report-hosts");
     let log = dir.join("launcher.log");
-    let args = strings(&[
-        "--hosts",
-        &c.host_list(&[1, 2]),
-        "--backend",
-        "ring",
-        "--hang-report",
-        "1",
-        "--env",
-        &format!("{ROLE}=busy-then-stuck"),
-        "--env",
-        &format!("{}={RANK_TEST}", procs::CHILD),
-        "--env",
-        "NUVEC_DISTRIBUTED_TIMEOUT=60",
-    ]);
-    let mut args = args;
-    args.push("--".to_owned());
-    args.extend(launched_argv());
-    let child = spawn_logged(&mut launcher(&c, launcher::nuvec_launch(), &args), &log);
+    let child = launched_ring_job_on(
+        &c,
+        &[1, 2],
+        &["--hang-report", "1"],
+        "busy-then-stuck",
+        "60",
+        &[],
+        &log,
+    );
     let pid = child.id().to_string();
     let logs = [log.clone()];
     const REPORT: &str = "no rank completed an operation for 1 s";
@@ -1433,18 +1424,29 @@ fn launched_ring_job_with(
     env: &[&str],
     log: &Path,
 ) -> Child {
-    let mut args = strings(&[
-        "--hosts",
-        &c.host_list(&[0, 1, 2]),
-        "--backend",
-        "ring",
+    launched_ring_job_on(c, &[0, 1, 2], &[], role, timeout, env, log)
+}
+
+/// [`launched_ring_job_with`] of the ranks on `hosts`, with the launcher's `flags` too.
+fn launched_ring_job_on(
+    c: &Cluster,
+    hosts: &[usize],
+    flags: &[&str],
+    role: &str,
+    timeout: &str,
+    env: &[&str],
+    log: &Path,
+) -> Child {
+    let mut args = strings(&["--hosts", &c.host_list(hosts), "--backend", "ring"]);
+    args.extend(strings(flags));
+    args.extend(strings(&[
         "--env",
         &format!("{ROLE}={role}"),
         "--env",
         &format!("{}={RANK_TEST}", procs::CHILD),
         "--env",
         &format!("NUVEC_DISTRIBUTED_TIMEOUT={timeout}"),
-    ]);
+    ]));
     for e in env {
         args.extend(strings(&["--env", e]));
     }
