@@ -1646,7 +1646,7 @@ fn a_glitch_shorter_than_seventy_percent_of_the_link_timeout_is_survived_with_th
 
 /// A JACCL mesh of hosts 0, 1 and 2 over the RDMA fabric on the software provider's TCP wire,
 /// each rank running a stream of 4 MiB all_sums (`loop_rank`) with `setting` in its
-/// environment, logs in `dir`: returned once some rank has completed its first.
+/// environment, logs in `dir`: returned once every rank has completed its first.
 #[cfg(feature = "jaccl")]
 fn jaccl_mesh_of_three_over_rdma_running(
     c: &Cluster,

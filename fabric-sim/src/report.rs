@@ -62,9 +62,10 @@ pub struct Report<T> {
     /// included): divided by the wall-clock time of the run, the simulator's own speed.
     pub payload: u64,
     /// Whether a fault of [`Sim::fault`](crate::Sim::fault) took effect: a crash or a stall
-    /// of a rank that had not returned, a cut link, a lost message or an error completion.
-    /// A fault that came after its rank returned, or whose call or message never came, did
-    /// not: the run was then as without it.
+    /// of a rank that had not returned, a cut of a link with an end that had not, a lost
+    /// message or an error completion. A fault that came after its ranks returned, or whose
+    /// call or message never came, did not: the run was then as without it. One flag for the
+    /// run: it does not say which operations came after the fault.
     pub fault_struck: bool,
 }
 

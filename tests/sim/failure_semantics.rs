@@ -350,6 +350,13 @@ fn the_report_says_whether_the_fault_struck_and_one_that_did_not_changes_nothing
         call: 1_000,
     });
     assert_eq!(never, (false, true), "a crash at a call never made");
+    // A cut long after both its ends returned.
+    let late_cut = one_all_sum_under(Fault::Cut {
+        rank: 0,
+        channel: nuvec_distributed::fabric::Channel::new(1, 0),
+        at: Duration::from_secs(100),
+    });
+    assert_eq!(late_cut, (false, true), "a cut after the job");
     // Its first call: it struck, and the job failed.
     let first = one_all_sum_under(Fault::Crash { rank: 1, call: 0 });
     assert_eq!(first, (true, false), "a crash at the first call");
