@@ -450,9 +450,12 @@ fn options_from(env: &Env<'_>) -> Result<Options, Error> {
         options.congestion = Some(name);
     }
     // The flight recorder reads its variables itself, once per process (it serves every group
-    // of it); checked here so that a wrong value fails `init` rather than being ignored.
-    env.record()?;
-    env.record_dir()?;
+    // of it); checked here so that a wrong value fails `init` rather than being ignored. With
+    // the recorder off (`NUVEC_DISTRIBUTED_RECORD=0`) nothing is written, so the directory is
+    // neither checked nor made.
+    if env.record()? != Some(0) {
+        env.record_dir()?;
+    }
     Ok(options)
 }
 
@@ -589,6 +592,35 @@ mod tests {
             ring.contains("distributed: no ring backend could be initialised"),
             "{ring}"
         );
+    }
+
+    #[test]
+    fn a_records_directory_is_made_by_init_only_while_the_recorder_is_on() {
+        let base =
+            std::env::temp_dir().join(format!("nuvec-backend-record-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let dir = base.join("records");
+        let options = |record: &str| {
+            let dir = dir.clone().into_os_string();
+            let record = OsString::from(record);
+            let lookup = move |name: &str| match name {
+                "NUVEC_DISTRIBUTED_RECORD_DIR" => Some(dir.clone()),
+                "NUVEC_DISTRIBUTED_RECORD" => Some(record.clone()),
+                _ => None,
+            };
+            options_from(&Env::from_fn(&lookup)).map(|_| ())
+        };
+        options("0").expect("the recorder off");
+        assert!(
+            !dir.exists(),
+            "no directory is made for a recorder that is off"
+        );
+        options("64").expect("the recorder on");
+        assert!(
+            dir.is_dir(),
+            "the directory is made for a recorder that is on"
+        );
+        std::fs::remove_dir_all(&base).expect("cleaned up");
     }
 
     #[test]

@@ -652,11 +652,6 @@ impl Job {
         remote(&self.ranks, |_| true)
     }
 
-    /// The remote ranks still running, as `(rank, host)`.
-    fn remote_running(&self) -> Vec<(usize, String)> {
-        remote(&self.ranks, Rank::running)
-    }
-
     /// After a failure: the ranks' flight records, merged, under the summary (nothing when
     /// no rank wrote one, as a program that does not use nuvec-distributed).
     fn print_records(&self) {
@@ -713,8 +708,7 @@ impl Job {
     /// answers (at most [`collect::ANSWER_WAIT`], printing the ranks' output meanwhile) and
     /// prints the merged records.
     fn hang_report(&mut self, why: &str) {
-        let hosts: Vec<String> = self
-            .remote_running()
+        let hosts: Vec<String> = remote(&self.ranks, Rank::running)
             .into_iter()
             .map(|(_, host)| host)
             .collect();

@@ -317,9 +317,13 @@ fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
     SETTINGS.get_or_init(|| {
         let env = Env::process();
+        let capacity = env.record().ok().flatten().unwrap_or(env::DEFAULT_RECORD);
         Settings {
-            capacity: env.record().ok().flatten().unwrap_or(env::DEFAULT_RECORD),
-            dir: env.record_dir().ok().flatten(),
+            capacity,
+            // A recorder that keeps nothing writes nothing: its directory is not made.
+            dir: (capacity > 0)
+                .then(|| env.record_dir().ok().flatten())
+                .flatten(),
             rank: launch_rank(&env),
         }
     })

@@ -61,8 +61,7 @@ pub(crate) fn interfaces(text: &str) -> Vec<Interface> {
         match (words.next(), words.next()) {
             (Some("inet"), Some(addr)) => current.inet.push(addr.to_owned()),
             (Some("inet6"), Some(addr)) => {
-                let addr = addr.split_once('%').map_or(addr, |(a, _)| a);
-                current.inet6.push(addr.to_owned());
+                current.inet6.push(without_zone(addr).to_owned());
             }
             (Some("member:"), Some(member)) => current.members.push(member.to_owned()),
             (Some("status:"), Some(status)) => current.status = Some(status.to_owned()),
@@ -70,6 +69,12 @@ pub(crate) fn interfaces(text: &str) -> Vec<Interface> {
         }
     }
     all
+}
+
+/// An IPv6 address without its zone: `fe80::1` for `fe80::1%en0`. The zone names the
+/// interface the address is listed under, so comparing addresses ignores it.
+fn without_zone(address: &str) -> &str {
+    address.split_once('%').map_or(address, |(a, _)| a)
 }
 
 /// Adds to `all` the addresses of `ip -o addr show up`'s output that `ifconfig` did not show:
@@ -89,7 +94,7 @@ pub(crate) fn add_ip_addresses(all: &mut Vec<Interface>, text: &str) {
         // `veth0@if5` names a veth's peer after the `@`.
         let name = name.split_once('@').map_or(name, |(n, _)| n);
         let address = address.split_once('/').map_or(address, |(a, _)| a);
-        let address = address.split_once('%').map_or(address, |(a, _)| a);
+        let address = without_zone(address);
         let at = match all.iter().position(|i| i.name == name) {
             Some(at) => at,
             None => {
