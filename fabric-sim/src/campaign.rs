@@ -16,8 +16,9 @@
 //! - **failures name a peer**, and stay failures: after an error every later operation of that
 //!   rank fails too;
 //! - **no fault, no failure**: an operation fails only on a lossy network or where the fault
-//!   struck (the world reports it: [`Report::fault_struck`](crate::Report::fault_struck)) and
-//!   could fail it (a stall more than a second inside the deadline fails nothing);
+//!   struck no later than the failure (the world reports when:
+//!   [`Report::fault_struck`](crate::Report::fault_struck)) and could fail it (a stall more
+//!   than a second inside the deadline fails nothing);
 //! - **replay**: the same seed gives the same trace hash.
 //!
 //! `cargo run --release --ignore-rust-version --example campaign -- --count 100000` runs a long
@@ -406,8 +407,9 @@ macro_rules! collectives {
 collectives!(RingCommunicator<F>);
 collectives!(JacclCommunicator<F>);
 
-/// What one rank saw: per operation, its result or error text, and how long it took.
-type RankLog = Vec<(Result<Vec<u8>, String>, Duration)>;
+/// What one rank saw: per operation, its result or error text, how long it took, and when
+/// (virtual time from the start) it ended.
+type RankLog = Vec<(Result<Vec<u8>, String>, Duration, Duration)>;
 
 fn run_rank(scenario: &Scenario, fabric: crate::SimFabric) -> RankLog {
     run_rank_recorded(scenario, fabric).0
@@ -463,7 +465,8 @@ fn run_rank_recorded(scenario: &Scenario, fabric: crate::SimFabric) -> (RankLog,
             }
             Op::Shift { bytes } => Ok(input(DType::U8, *bytes, rank, index)),
         };
-        log.push((result.map_err(|e| e.to_string()), clock.now() - start));
+        let end = clock.now();
+        log.push((result.map_err(|e| e.to_string()), end - start, end));
     }
     (log, comm.flight_record())
 }
@@ -503,16 +506,7 @@ pub fn check(seed: u64, replay: bool) -> Result<(), Violation> {
         }
     }
     let ranks = scenario.ranks;
-    // A failure needs a lossy network or a fault that struck and could fail an operation: a
-    // stall more than a second inside the deadline (slack for the operation's own time on the
-    // campaign's slowest network) fails nothing, however it falls: the simulator's fabric
-    // fails a step only at its deadline.
     let struck = report.fault_struck;
-    let short_stall = matches!(
-        scenario.fault,
-        Some(Fault::Stall { duration, .. }) if duration + Duration::from_secs(1) < TIMEOUT
-    );
-    let may_fail = scenario.lossy || (struck && !short_stall);
     for (rank, outcome) in report.outcomes.into_iter().enumerate() {
         let log = match outcome {
             Outcome::Returned(log) => log,
@@ -528,7 +522,7 @@ pub fn check(seed: u64, replay: bool) -> Result<(), Violation> {
             }) if r == rank => duration,
             _ => Duration::ZERO,
         };
-        for (index, (result, took)) in log.into_iter().enumerate() {
+        for (index, (result, took, ended)) in log.into_iter().enumerate() {
             let op = &scenario.ops[index];
             let sends = matches!(op, Op::Shift { .. }) && ranks > 1;
             // A shift is two operations, each with its own deadline.
@@ -567,15 +561,12 @@ pub fn check(seed: u64, replay: bool) -> Result<(), Violation> {
                     }
                 }
                 Err(text) => {
-                    if !may_fail {
+                    if let Some(why) =
+                        unexplained(scenario.lossy, scenario.fault.as_ref(), struck, ended)
+                    {
                         return Err(fail(format!(
-                            "rank {rank} op {index} failed without a fault that could fail \
-                             it ({}): {text}",
-                            match &scenario.fault {
-                                None => "none".to_owned(),
-                                Some(f) if !struck => format!("{f:?}, which did not strike"),
-                                Some(f) => format!("{f:?}, shorter than the deadline"),
-                            }
+                            "rank {rank} op {index} failed at {ended:?} without a fault that \
+                             could fail it ({why}): {text}"
                         )));
                     }
                     // Every error starts with its own rank ("distributed: rank 2: ..."):
@@ -589,6 +580,36 @@ pub fn check(seed: u64, replay: bool) -> Result<(), Violation> {
         }
     }
     Ok(())
+}
+
+/// Why an operation that failed at `ended` had no cause, or `None` where it had one. A
+/// failure needs a lossy network, or a fault that struck (at `struck`) no later than the
+/// failure and could fail an operation: a fault cannot fail what ended before it, and a
+/// stall more than a second inside the deadline (slack for the operation's own time on the
+/// campaign's slowest network) fails nothing, however it falls, since the simulator's fabric
+/// fails a step only at its deadline.
+fn unexplained(
+    lossy: bool,
+    fault: Option<&Fault>,
+    struck: Option<Duration>,
+    ended: Duration,
+) -> Option<String> {
+    if lossy {
+        return None;
+    }
+    let Some(fault) = fault else {
+        return Some("none".to_owned());
+    };
+    match struck {
+        None => Some(format!("{fault:?}, which did not strike")),
+        Some(at) if at > ended => Some(format!("{fault:?}, which struck later, at {at:?}")),
+        Some(_) => match fault {
+            Fault::Stall { duration, .. } if *duration + Duration::from_secs(1) < TIMEOUT => {
+                Some(format!("{fault:?}, shorter than the deadline"))
+            }
+            _ => None,
+        },
+    }
 }
 
 /// Runs the scenario of `seed` and returns each rank's flight record as its `rank-R.jsonl`
@@ -651,5 +672,45 @@ mod tests {
         assert!(!names_another_rank("distributed: rank 3: ranks 0, 1", 3));
         assert!(names_another_rank("distributed: rank 3: from rank 30", 3));
         assert!(!names_another_rank("distributed: rank 30: rank 30", 30));
+    }
+
+    #[test]
+    fn a_failure_needs_a_lossy_network_or_a_fault_that_struck_no_later_and_could_fail_it() {
+        let ms = Duration::from_millis;
+        let crash = Fault::CrashAt {
+            rank: 1,
+            at: ms(350),
+        };
+        // A crash that struck at 350 ms explains a failure at 350 ms or later.
+        assert_eq!(
+            unexplained(false, Some(&crash), Some(ms(350)), ms(350)),
+            None
+        );
+        assert_eq!(
+            unexplained(false, Some(&crash), Some(ms(350)), ms(900)),
+            None
+        );
+        // Not one at 100 ms: that operation failed before its cause.
+        let early = unexplained(false, Some(&crash), Some(ms(350)), ms(100)).expect("too early");
+        assert!(early.contains("struck later, at 350ms"), "{early}");
+        // Nor one that never struck, nor no fault at all.
+        let missed = unexplained(false, Some(&crash), None, ms(900)).expect("never struck");
+        assert!(missed.contains("did not strike"), "{missed}");
+        assert_eq!(
+            unexplained(false, None, None, ms(1)).as_deref(),
+            Some("none")
+        );
+        // A stall well inside the deadline fails nothing; one near it may.
+        let stall = |duration| Fault::Stall {
+            rank: 0,
+            at: ms(10),
+            duration,
+        };
+        let short = stall(TIMEOUT - Duration::from_secs(2));
+        assert!(unexplained(false, Some(&short), Some(ms(10)), TIMEOUT).is_some());
+        let long = stall(TIMEOUT - ms(500));
+        assert_eq!(unexplained(false, Some(&long), Some(ms(10)), TIMEOUT), None);
+        // A lossy network explains any failure.
+        assert_eq!(unexplained(true, None, None, ms(1)), None);
     }
 }

@@ -61,12 +61,13 @@ pub struct Report<T> {
     /// Bytes of payload the ranks put on the wire (stream fragments and messages, lost ones
     /// included): divided by the wall-clock time of the run, the simulator's own speed.
     pub payload: u64,
-    /// Whether a fault of [`Sim::fault`](crate::Sim::fault) took effect: a crash or a stall
-    /// of a rank that had not returned, a cut of a link with an end that had not, a lost
-    /// message or an error completion. A fault that came after its ranks returned, or whose
-    /// call or message never came, did not: the run was then as without it. One flag for the
-    /// run: it does not say which operations came after the fault.
-    pub fault_struck: bool,
+    /// When a fault of [`Sim::fault`](crate::Sim::fault) took effect (virtual time from the
+    /// start, as [`SimFabric::clock`](crate::SimFabric::clock) reads it), `None` if it did
+    /// not: a crash or a stall of a rank that had not returned, a cut of a link with an end
+    /// that had not, a lost message or an error completion. A fault that came after its ranks
+    /// returned, or whose call or message never came, did not: the run was then as without
+    /// it. No operation that ended before this time can have been failed by the fault.
+    pub fault_struck: Option<Duration>,
 }
 
 impl<T> Report<T> {

@@ -222,14 +222,14 @@ impl World {
             wire.record.extend_from_slice(data);
         }
         if self.error_status.contains(&(rank, channel, seq)) {
-            self.struck = true;
+            self.strike(true);
             self.hash(&[10, rank as u64, seq]);
             return Err(FailureKind::Completion(format!(
                 "error status on message {seq} (simulated)"
             )));
         }
         let chosen = self.lose.contains(&(rank, channel, seq));
-        self.struck |= chosen;
+        self.strike(chosen);
         let lost = chosen || (loss > 0.0 && self.rng.random_bool(loss.min(1.0)));
         let jitter_ns = if jitter.is_zero() {
             0

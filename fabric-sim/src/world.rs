@@ -135,10 +135,10 @@ pub(crate) struct World {
     pub(crate) lose: Vec<(usize, Channel, u64)>,
     /// Sends that complete with an error status: `(sender, channel, sequence number)`.
     pub(crate) error_status: Vec<(usize, Channel, u64)>,
-    /// Whether an injected fault took effect: a crash of a rank still running, a stall of
+    /// When an injected fault first took effect: a crash of a rank still running, a stall of
     /// one, a cut with an end still running, a lost message or an error completion
-    /// ([`crate::Report::fault_struck`]).
-    pub(crate) struck: bool,
+    /// ([`crate::Report::fault_struck`]); `None` while none has.
+    pub(crate) struck: Option<Duration>,
     /// `heard[rank][peer]`: when `rank` last took bytes from `peer`.
     pub(crate) heard: Vec<Vec<Option<Duration>>>,
     /// Bytes put on the wire so far ([`crate::Report::payload`]).
@@ -199,7 +199,7 @@ impl World {
             uc: sim.uc,
             lose: Vec::new(),
             error_status: Vec::new(),
-            struck: false,
+            struck: None,
             heard: vec![vec![None; size]; size],
             payload: 0,
             split_seen: BTreeMap::new(),
@@ -322,12 +322,19 @@ impl World {
         }
     }
 
+    /// Notes that the injected fault took effect now, if `it_did` (the first time counts).
+    pub(crate) fn strike(&mut self, it_did: bool) {
+        if it_did && self.struck.is_none() {
+            self.struck = Some(self.now);
+        }
+    }
+
     pub(crate) fn crash(&mut self, rank: usize) {
         if matches!(self.ranks[rank].state, RankState::Done | RankState::Crashed) {
             return;
         }
         self.ranks[rank].state = RankState::Crashed;
-        self.struck = true;
+        self.strike(true);
         self.hash(&[5, rank as u64]);
         // Bytes already on the wire still arrive; nothing more leaves; then the peers see the
         // connection close.
@@ -360,8 +367,10 @@ impl World {
             Event::Crash { rank } => self.crash(rank),
             Event::Stall { rank, until_nanos } => {
                 let until = Duration::from_nanos(until_nanos);
-                self.struck |=
-                    !matches!(self.ranks[rank].state, RankState::Done | RankState::Crashed);
+                self.strike(!matches!(
+                    self.ranks[rank].state,
+                    RankState::Done | RankState::Crashed
+                ));
                 self.ranks[rank].stalled_until = until;
                 self.hash(&[6, rank as u64]);
                 self.at(until, Event::StallEnd { rank });
@@ -375,9 +384,9 @@ impl World {
                 self.hash(&[7, rank as u64, peer as u64, link as u64]);
                 // A cut between two ranks that have both returned (its event still comes: the
                 // queue is run to its end) changes nothing.
-                self.struck |= [rank, far]
-                    .iter()
-                    .any(|&r| !matches!(self.ranks[r].state, RankState::Done | RankState::Crashed));
+                self.strike([rank, far].iter().any(|&r| {
+                    !matches!(self.ranks[r].state, RankState::Done | RankState::Crashed)
+                }));
                 let silent = self.uc.is_some();
                 for key in [(rank, channel), (far, Channel::new(rank, far_link))] {
                     let wire = self.channel_mut(key.0, key.1);

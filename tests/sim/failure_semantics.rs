@@ -317,9 +317,9 @@ fn a_peer_closing_during_an_all_reduce_mlx_refuses_fails_naming_mlxs_rule() {
     }
 }
 
-/// One all_sum of 16 floats on `ranks` ranks under `fault`: whether the fault struck, and
-/// whether every rank returned the right sum.
-fn one_all_sum_under(fault: Fault) -> (bool, bool) {
+/// One all_sum of 16 floats on `ranks` ranks under `fault`: when the fault struck, if it did,
+/// and whether every rank returned the right sum.
+fn one_all_sum_under(fault: Fault) -> (Option<Duration>, bool) {
     let ranks = 3;
     let report = Sim::ring(ranks, 1).seed(11).fault(fault).run(|fabric| {
         let comm = RingCommunicator::new(fabric, 1, TIMEOUT);
@@ -337,34 +337,38 @@ fn one_all_sum_under(fault: Fault) -> (bool, bool) {
 }
 
 #[test]
-fn the_report_says_whether_the_fault_struck_and_one_that_did_not_changes_nothing() {
+fn the_report_says_whether_and_when_the_fault_struck_and_one_that_did_not_changes_nothing() {
     // Past the job's end (its all_sum takes microseconds): no rank is left to crash.
     let late = one_all_sum_under(Fault::CrashAt {
         rank: 1,
         at: Duration::from_secs(100),
     });
-    assert_eq!(late, (false, true), "a crash after the job");
+    assert_eq!(late, (None, true), "a crash after the job");
     // A fabric call the rank never makes.
     let never = one_all_sum_under(Fault::Crash {
         rank: 1,
         call: 1_000,
     });
-    assert_eq!(never, (false, true), "a crash at a call never made");
+    assert_eq!(never, (None, true), "a crash at a call never made");
     // A cut long after both its ends returned.
     let late_cut = one_all_sum_under(Fault::Cut {
         rank: 0,
         channel: nuvec_distributed::fabric::Channel::new(1, 0),
         at: Duration::from_secs(100),
     });
-    assert_eq!(late_cut, (false, true), "a cut after the job");
-    // Its first call: it struck, and the job failed.
+    assert_eq!(late_cut, (None, true), "a cut after the job");
+    // Its first call: it struck at once, and the job failed.
     let first = one_all_sum_under(Fault::Crash { rank: 1, call: 0 });
-    assert_eq!(first, (true, false), "a crash at the first call");
+    assert_eq!(
+        first,
+        (Some(Duration::ZERO), false),
+        "a crash at the first call"
+    );
     // A short stall of a running rank strikes and fails nothing.
     let stall = one_all_sum_under(Fault::Stall {
         rank: 2,
         at: Duration::ZERO,
         duration: Duration::from_millis(20),
     });
-    assert_eq!(stall, (true, true), "a short stall");
+    assert_eq!(stall, (Some(Duration::ZERO), true), "a short stall");
 }
