@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 /// The path of the provider's shared library, built (or brought up to date) on first use.
 pub fn library() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| super::built::artifact("nuvec-verbs-emu", "libnuvec_verbs_emu.so"))
+    PATH.get_or_init(|| super::built::artifact("libnuvec_verbs_emu.so"))
 }
 
 /// Every device name in a JACCL device file (`MLX_IBV_DEVICES`' JSON), comma-separated, as

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 /// The path of the `nuvec-launch` binary, built (or brought up to date) on first use.
 pub fn nuvec_launch() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| super::built::artifact("nuvec-launch", "nuvec-launch"))
+    PATH.get_or_init(|| super::built::artifact("nuvec-launch"))
 }
 
 /// `nuvec-launch` built with its feature `jaccl` (the RDMA fabric in its probes and the
