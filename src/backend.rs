@@ -595,7 +595,7 @@ mod tests {
     }
 
     #[test]
-    fn a_records_directory_is_made_by_init_only_while_the_recorder_is_on() {
+    fn a_record_directory_is_made_by_init_only_while_the_recorder_is_on() {
         let base =
             std::env::temp_dir().join(format!("nuvec-backend-record-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);

@@ -15,7 +15,7 @@
 //! | `NUVEC_DISTRIBUTED_TCP_CONGESTION` | the TCP congestion control of the ring's connections, a name the kernel allows (`cubic`, `reno`, `bbr`…; Linux only; unset: the host's; see [`Options::tcp_congestion`](crate::Options::tcp_congestion)) |
 //! | `NUVEC_DISTRIBUTED_WIRE` | `auto` (the default), `mlx` or `nuvec` (any case): which wire the ring may speak (see [`WireChoice`](crate::WireChoice)) |
 //! | `NUVEC_DISTRIBUTED_RECORD` | how many operations each group's flight recorder keeps, 0 to 1 000 000 (default 256), `0`: none |
-//! | `NUVEC_DISTRIBUTED_RECORD_DIR` | a directory where a rank writes its flight record (on a failure, and when asked; see `collective::record`), made if missing |
+//! | `NUVEC_DISTRIBUTED_RECORD_DIR` | a directory where a rank writes its flight record (on a failure, and when asked; see `collective::record`), made if missing while the recorder keeps operations (with `NUVEC_DISTRIBUTED_RECORD=0` nothing is written there, and the variable is not read) |
 //! | `JACCL_PROGRESS_TIMEOUT_S` / `MLX_JACCL_PROGRESS_TIMEOUT_S` | JACCL: the longest a wait may go without progress, non-negative seconds, 0 off (`JACCL_*` wins) |
 //!
 //! Values are read through an injectable lookup ([`Env::from_fn`]) so tests never touch the

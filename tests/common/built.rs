@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// The path of `file` in the running test's profile directory (`nuvec-launch`,
 /// `libnuvec_verbs_emu.so`), the workspace built (or brought up to date) first, once per test
@@ -24,6 +24,9 @@ pub fn artifact(file: &str) -> PathBuf {
 /// workspace is built again, so that the artifact at its own path is the plain build again,
 /// which other tests expect.
 pub fn artifact_with_features(package: &str, file: &str, features: &str, copy: &str) -> PathBuf {
+    // Held from the build to the copy: a workspace build meanwhile would put the plain
+    // artifact back at the path before it is copied.
+    let _builds = BUILDS.lock().unwrap_or_else(PoisonError::into_inner);
     let dir = profile_dir();
     cargo_build(&["-p", package, "--features", features]);
     let built = existing(dir.join(file));
@@ -40,6 +43,9 @@ pub fn example(name: &str) -> PathBuf {
     existing(workspace().join("examples").join(name))
 }
 
+/// One build (or build and copy) at a time within a test process.
+static BUILDS: Mutex<()> = Mutex::new(());
+
 /// What the workspace build builds: the selection `cargo test --workspace` builds besides its
 /// tests.
 const WORKSPACE: &[&str] = &["--workspace", "--lib", "--bins", "--examples"];
@@ -49,6 +55,7 @@ const WORKSPACE: &[&str] = &["--workspace", "--lib", "--bins", "--examples"];
 fn workspace() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        let _builds = BUILDS.lock().unwrap_or_else(PoisonError::into_inner);
         cargo_build(WORKSPACE);
         profile_dir()
     })

@@ -1,4 +1,5 @@
 //! The software RDMA provider (`fabric-sim/verbs/`, crate `nuvec-verbs-emu`) for tests: built
+//! once per test process, with the rest of the workspace (see `built`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

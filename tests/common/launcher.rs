@@ -1,4 +1,5 @@
 //! The `nuvec-launch` binary (the workspace crate `launch/`) for tests: built once per test
+//! process, with the rest of the workspace (see `built`).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::interfaces::Interface;
+use super::interfaces::{self, Interface};
 
 /// What one host has, as its commands printed it.
 #[derive(Clone, Debug, Default)]
@@ -53,7 +53,7 @@ impl HostState {
     /// `fe80:0::1`; a zone or brackets around it are dropped).
     fn holding(&self, ip: &str) -> Option<&Interface> {
         let bare = ip.trim_start_matches('[').trim_end_matches(']');
-        let bare = bare.split_once('%').map_or(bare, |(a, _)| a);
+        let bare = interfaces::without_zone(bare);
         let wanted: Option<std::net::IpAddr> = bare.parse().ok();
         let same = |a: &String| match (wanted, a.parse::<std::net::IpAddr>()) {
             (Some(w), Ok(a)) => w == a,

@@ -73,7 +73,7 @@ pub(crate) fn interfaces(text: &str) -> Vec<Interface> {
 
 /// An IPv6 address without its zone: `fe80::1` for `fe80::1%en0`. The zone names the
 /// interface the address is listed under, so comparing addresses ignores it.
-fn without_zone(address: &str) -> &str {
+pub(crate) fn without_zone(address: &str) -> &str {
     address.split_once('%').map_or(address, |(a, _)| a)
 }
 
