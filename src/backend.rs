@@ -450,12 +450,10 @@ fn options_from(env: &Env<'_>) -> Result<Options, Error> {
         options.congestion = Some(name);
     }
     // The flight recorder reads its variables itself, once per process (it serves every group
-    // of it); checked here so that a wrong value fails `init` rather than being ignored. With
-    // the recorder off (`NUVEC_DISTRIBUTED_RECORD=0`) nothing is written, so the directory is
-    // neither checked nor made.
-    if env.record()? != Some(0) {
-        env.record_dir()?;
-    }
+    // of it); checked here so that a wrong value fails `init` rather than being ignored.
+    // `record_dir` reads `NUVEC_DISTRIBUTED_RECORD` first: with the recorder off it neither
+    // checks nor makes the directory.
+    env.record_dir()?;
     Ok(options)
 }
 

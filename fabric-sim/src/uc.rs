@@ -271,7 +271,7 @@ impl World {
             return;
         };
         let to = wire.to.0;
-        let gone = matches!(self.ranks[to].state, RankState::Done | RankState::Crashed);
+        let gone = self.ended(to);
         let wire = self.channel_mut(rank, channel);
         let full = wire.inbox.len() >= uc.posted && uc.unexpected == Unexpected::Drop;
         let dropped = gone || wire.cut || full;

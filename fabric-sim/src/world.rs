@@ -329,8 +329,13 @@ impl World {
         }
     }
 
+    /// Whether `rank` has returned or crashed: nothing it does or suffers changes the job now.
+    pub(crate) fn ended(&self, rank: usize) -> bool {
+        matches!(self.ranks[rank].state, RankState::Done | RankState::Crashed)
+    }
+
     pub(crate) fn crash(&mut self, rank: usize) {
-        if matches!(self.ranks[rank].state, RankState::Done | RankState::Crashed) {
+        if self.ended(rank) {
             return;
         }
         self.ranks[rank].state = RankState::Crashed;
@@ -367,10 +372,7 @@ impl World {
             Event::Crash { rank } => self.crash(rank),
             Event::Stall { rank, until_nanos } => {
                 let until = Duration::from_nanos(until_nanos);
-                self.strike(!matches!(
-                    self.ranks[rank].state,
-                    RankState::Done | RankState::Crashed
-                ));
+                self.strike(!self.ended(rank));
                 self.ranks[rank].stalled_until = until;
                 self.hash(&[6, rank as u64]);
                 self.at(until, Event::StallEnd { rank });
@@ -384,9 +386,7 @@ impl World {
                 self.hash(&[7, rank as u64, peer as u64, link as u64]);
                 // A cut between two ranks that have both returned (its event still comes: the
                 // queue is run to its end) changes nothing.
-                self.strike([rank, far].iter().any(|&r| {
-                    !matches!(self.ranks[r].state, RankState::Done | RankState::Crashed)
-                }));
+                self.strike([rank, far].iter().any(|&r| !self.ended(r)));
                 let silent = self.uc.is_some();
                 for key in [(rank, channel), (far, Channel::new(rank, far_link))] {
                     let wire = self.channel_mut(key.0, key.1);

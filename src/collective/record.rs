@@ -320,10 +320,8 @@ fn settings() -> &'static Settings {
         let capacity = env.record().ok().flatten().unwrap_or(env::DEFAULT_RECORD);
         Settings {
             capacity,
-            // A recorder that keeps nothing writes nothing: its directory is not made.
-            dir: (capacity > 0)
-                .then(|| env.record_dir().ok().flatten())
-                .flatten(),
+            // `None` for a recorder that keeps nothing: it writes nothing.
+            dir: env.record_dir().ok().flatten(),
             rank: launch_rank(&env),
         }
     })
