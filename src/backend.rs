@@ -450,9 +450,10 @@ fn options_from(env: &Env<'_>) -> Result<Options, Error> {
         options.congestion = Some(name);
     }
     // The flight recorder reads its variables itself, once per process (it serves every group
-    // of it); checked here so that a wrong value fails `init` rather than being ignored.
-    // `record_dir` reads `NUVEC_DISTRIBUTED_RECORD` first: with the recorder off it neither
-    // checks nor makes the directory.
+    // of it); checked here so that a wrong value fails `init` rather than being ignored. With
+    // the recorder off (`NUVEC_DISTRIBUTED_RECORD=0`) `record_dir` neither checks nor makes the
+    // directory.
+    env.record()?;
     env.record_dir()?;
     Ok(options)
 }
@@ -613,6 +614,7 @@ mod tests {
             !dir.exists(),
             "no directory is made for a recorder that is off"
         );
+        options("lots").expect_err("a number of operations that is not a number");
         options("64").expect("the recorder on");
         assert!(
             dir.is_dir(),

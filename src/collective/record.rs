@@ -320,7 +320,8 @@ fn settings() -> &'static Settings {
         let capacity = env.record().ok().flatten().unwrap_or(env::DEFAULT_RECORD);
         Settings {
             capacity,
-            // `None` for a recorder that keeps nothing: it writes nothing.
+            // `None` for a recorder that keeps nothing (it writes nothing), or for a directory
+            // `init` would have refused.
             dir: env.record_dir().ok().flatten(),
             rank: launch_rank(&env),
         }

@@ -381,11 +381,12 @@ impl<'a> Env<'a> {
     /// The directory a rank writes its flight record to, from `NUVEC_DISTRIBUTED_RECORD_DIR`,
     /// `None` if unset or empty, or while the recorder keeps nothing
     /// (`NUVEC_DISTRIBUTED_RECORD=0`: nothing is written, so the directory is neither checked
-    /// nor made). The directory is made (with its parents) if it does not exist, so that a
-    /// failure's record is not lost to a directory nobody made: a path that names something
-    /// else, or that cannot be made, is refused with the reason.
+    /// nor made; a `NUVEC_DISTRIBUTED_RECORD` that is not a number is [`record`](Self::record)'s
+    /// to refuse, and here leaves the recorder on). The directory is made (with its parents) if
+    /// it does not exist, so that a failure's record is not lost to a directory nobody made: a
+    /// path that names something else, or that cannot be made, is refused with the reason.
     pub(crate) fn record_dir(&self) -> Result<Option<PathBuf>, ConfigError> {
-        if self.record()? == Some(0) {
+        if let Ok(Some(0)) = self.record() {
             return Ok(None);
         }
         let Some(dir) = self
